@@ -1,0 +1,74 @@
+"""Where everything lives under a data directory (DESIGN.md: all state is under `<data-dir>`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR_ENV = "PHOTON_DATA_DIR"
+DATACENTERS_ENV = "PHOTON_DATACENTERS"
+STREAMS = ("query", "click")
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> "DataLayout":
+        value = os.environ.get(DATA_DIR_ENV)
+        if not value:
+            raise RuntimeError(f"{DATA_DIR_ENV} is not set: point it at a photon data directory")
+        return cls(Path(value).resolve())
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def stream_dir(self, dc: str, stream: str) -> Path:
+        return self.logs / dc / stream
+
+    @property
+    def warehouse(self) -> Path:
+        return self.root / "warehouse"
+
+    def table(self, name: str) -> str:
+        return str(self.warehouse / name)
+
+    @property
+    def registry_file(self) -> Path:
+        return self.root / "registry" / "ids.duckdb"
+
+    @property
+    def dispatcher_state(self) -> Path:
+        return self.root / "state" / "dispatcher"
+
+    @property
+    def staging(self) -> Path:
+        return self.root / "staging"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.root / "dagster"
+
+    def datacenters(self) -> list[str]:
+        """Datacenters to run: PHOTON_DATACENTERS if set, else every replica directory under logs/."""
+        selected = os.environ.get(DATACENTERS_ENV)
+        if selected:
+            return [dc for dc in selected.split(",") if dc]
+        if not self.logs.is_dir():
+            return []
+        return sorted(p.name for p in self.logs.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+TABLES = (
+    "query_logs",
+    "log_file_map",
+    "click_ledger",
+    "joined_clicks",
+    "unjoinable_clicks",
+    "click_aggregates",
+    "quarantined_lines",
+)

@@ -1,0 +1,183 @@
+"""`photon run --until-idle`: the sensor-driven pipeline, headless, through Dagster's own machinery.
+
+This process plays the Dagster daemon's sensor role: it calls the daemon's sensor iteration
+(`dagster._daemon.sensor.execute_sensor_iteration`) against the data directory's Dagster instance,
+so ticks, cursors, run keys and tick resumption behave exactly as under `dagster-daemon`. Runs are
+launched with Dagster's synchronous in-process run launcher, so every run of this process shares
+one Spark session (a JVM start costs ~8 s on 2 cores) and the embedded registry's DuckDB file.
+
+The instance on disk (`<data-dir>/dagster`) is the one `dagster dev` opens: runs, ticks, asset
+materializations and check results of headless runs all show in the UI.
+"""
+
+import fcntl
+import logging
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+from dagster._core.instance.ref import InstanceRef
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+from dagster._daemon.sensor import execute_sensor_iteration
+
+from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, DataLayout
+
+IDLE_PASSES = 2  # consecutive sensor passes that launch nothing before the pipeline counts as idle
+PASS_INTERVAL_SECONDS = 1.05  # just over the sensors' minimum interval, so each pass ticks each one
+
+DAGSTER_YAML = """\
+# Instance of this data directory, used by `dagster dev` / `dagster-daemon` (see README).
+# `photon run` reads it too, but launches runs in its own process (see photon/runner.py).
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 30
+concurrency:
+  runs:
+    max_concurrent_runs: 2
+    tag_concurrency_limits:
+      # The embedded registry is a DuckDB file that one process at a time may hold.
+      - key: photon/stream
+        value: click
+        limit: 1
+telemetry:
+  enabled: false
+"""
+
+HEADLESS_OVERRIDES = {
+    "run_launcher": {
+        "module": "dagster._core.launcher.sync_in_memory_run_launcher",
+        "class": "SyncInMemoryRunLauncher",
+    },
+    "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+}
+
+
+class RunnerError(RuntimeError):
+    """A condition that stops `photon run` with a one-line message."""
+
+
+@contextmanager
+def exclusive(layout: DataLayout):
+    """One `photon run` per data directory: it owns every unfinished run of the instance."""
+    layout.root.joinpath(".photon.lock").touch()
+    with open(layout.root / ".photon.lock", "r+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunnerError(f"another photon run is using {layout.root}") from None
+        yield
+
+
+def prepare_environment(layout: DataLayout, datacenters: list[str]) -> None:
+    os.environ[DATA_DIR_ENV] = str(layout.root)
+    os.environ[DATACENTERS_ENV] = ",".join(datacenters)
+    os.environ["DAGSTER_HOME"] = str(layout.dagster_home)
+    layout.dagster_home.mkdir(parents=True, exist_ok=True)
+    yaml = layout.dagster_home / "dagster.yaml"
+    if not yaml.exists():
+        yaml.write_text(DAGSTER_YAML)
+
+
+def headless_instance(layout: DataLayout) -> dg.DagsterInstance:
+    return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(layout.dagster_home), overrides=HEADLESS_OVERRIDES))
+
+
+def fail_orphaned_runs(instance: dg.DagsterInstance) -> int:
+    """Runs left unfinished by a process that died (we hold the lock, so none is alive): mark them
+    failed, so that the dispatchers retry their work units."""
+    unfinished = [
+        dg.DagsterRunStatus.NOT_STARTED,
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+        dg.DagsterRunStatus.CANCELING,
+    ]
+    orphans = instance.get_runs(dg.RunsFilter(statuses=unfinished))
+    for run in orphans:
+        instance.report_run_failed(run, "the photon run process executing it died")
+    return len(orphans)
+
+
+def workspace(instance: dg.DagsterInstance) -> WorkspaceProcessContext:
+    origin = InProcessCodeLocationOrigin(
+        loadable_target_origin=LoadableTargetOrigin(
+            executable_path=sys.executable, module_name="definitions", working_directory=str(REPO_ROOT)
+        ),
+        location_name="photon",
+    )
+    return WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(origin))
+
+
+def remote_sensors(context: WorkspaceProcessContext) -> list:
+    request = context.create_request_context()
+    sensors = []
+    for entry in request.get_code_location_entries().values():
+        if entry.load_error:
+            raise RunnerError(f"definitions failed to load: {entry.load_error.message.strip()}")
+        for repo in entry.code_location.get_repositories().values():
+            sensors.extend(repo.get_sensors())
+    return sensors
+
+
+def run_count(instance: dg.DagsterInstance) -> int:
+    return instance.get_runs_count()
+
+
+def run_until_idle(layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float) -> dict:
+    """Ticks every dispatcher until a pass launches nothing twice in a row and no failed work unit
+    waits for a retry; then verifies the output and returns the summary."""
+    from photon.summary import summarize
+    from sensors.retries import work_units_awaiting_retry
+
+    started = time.monotonic()
+    prepare_environment(layout, datacenters)
+    with exclusive(layout):
+        instance = headless_instance(layout)
+        orphans = fail_orphaned_runs(instance)
+        if orphans:
+            log.warning("marked %d run(s) of a dead process as failed; their work units will be retried", orphans)
+        first_run = run_count(instance)
+        with workspace(instance) as context:
+            sensors = remote_sensors(context)
+            for sensor in sensors:
+                instance.start_sensor(sensor)
+            try:
+                idle = 0
+                while idle < IDLE_PASSES:
+                    if time.monotonic() - started > timeout_seconds:
+                        raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
+                    pass_started = time.monotonic()
+                    before = run_count(instance)
+                    for _ in execute_sensor_iteration(context, log, threadpool_executor=None, submit_threadpool_executor=None):
+                        pass
+                    launched = run_count(instance) - before
+                    waiting = work_units_awaiting_retry(instance)
+                    idle = idle + 1 if launched == 0 and not waiting else 0
+                    if launched:
+                        log.info("pass launched %d run(s); %d run(s) so far", launched, run_count(instance) - first_run)
+                    time.sleep(max(0.0, PASS_INTERVAL_SECONDS - (time.monotonic() - pass_started)))
+            finally:
+                for sensor in sensors:
+                    instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
+        runs = run_count(instance) - first_run
+        verification = verify(instance)
+        summary = summarize(layout, datacenters, instance)
+    summary.update(runs=runs, verification=verification, wall_seconds=round(time.monotonic() - started, 2))
+    return summary
+
+
+def verify(instance: dg.DagsterInstance) -> dict[str, bool]:
+    """Runs the `verify` job (every asset check) as a recorded run of the instance."""
+    from definitions import defs
+
+    result = defs.get_job_def("verify").execute_in_process(instance=instance, raise_on_error=False, tags={"photon/kind": "verify"})
+    return {
+        evaluation.check_name: evaluation.passed
+        for evaluation in result.get_asset_check_evaluations()
+    }

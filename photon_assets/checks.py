@@ -1,0 +1,160 @@
+"""Asset checks that prove the invariants of DESIGN.md on the tables as they are.
+
+Each reports its counts as metadata whether it passes or fails. Ids registered by a work unit that
+has not finished yet (running, or failed and awaiting its retry) are in flight: their output may
+legitimately not be there yet.
+"""
+
+
+import shutil
+
+import dagster as dg
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from photon_assets.work_unit import TAG_WORK_UNIT
+from resources.registry import IdRegistryResource
+from resources.spark import SparkResource
+from resources.storage import WarehouseResource
+from spark_ops.aggregates import aggregate_clicks
+from spark_ops.handoff import unstage
+from spark_ops.tables import read_table
+
+UNFINISHED = [
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+def work_units_in_flight(instance: dg.DagsterInstance) -> set[str]:
+    """Work units with a run not finished, or whose latest attempt failed (a retry will follow)."""
+    from sensors.retries import work_units_awaiting_retry
+
+    running = {
+        run.tags[TAG_WORK_UNIT]
+        for run in instance.get_runs(dg.RunsFilter(statuses=UNFINISHED))
+        if TAG_WORK_UNIT in run.tags
+    }
+    return running | work_units_awaiting_retry(instance)
+
+
+def _ids(df: DataFrame) -> DataFrame:
+    return df.select("click_id").distinct()
+
+
+def registry_frame(spark, registry: IdRegistryResource, warehouse: WarehouseResource) -> DataFrame:
+    path = warehouse.layout.staging / "verification" / "registry"
+    shutil.rmtree(path, ignore_errors=True)
+    return unstage(spark, registry.get().scan(), path).persist()
+
+
+@dg.asset_check(asset="joined_clicks", description="No click_id appears twice in joined_clicks.")
+def joined_clicks_unique(spark: SparkResource, warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    joined = read_table(spark.session(), "joined_clicks", warehouse.tables()["joined_clicks"])
+    row = joined.agg(F.count("*").alias("rows"), F.count_distinct("click_id").alias("ids")).first()
+    duplicates = row["rows"] - row["ids"]
+    return dg.AssetCheckResult(
+        passed=duplicates == 0,
+        metadata={"dagster/row_count": row["rows"], "distinct_click_ids": row["ids"], "duplicate_rows": duplicates},
+    )
+
+
+@dg.asset_check(
+    asset="joined_clicks",
+    description="Every distinct valid click seen is exactly one of: joined, unjoinable, pending "
+    "(not registered); none is registered without output unless its work unit is in flight.",
+)
+def clicks_accounted_for(
+    context: dg.AssetCheckExecutionContext,
+    spark: SparkResource,
+    warehouse: WarehouseResource,
+    registry: IdRegistryResource,
+) -> dg.AssetCheckResult:
+    session = spark.session()
+    tables = warehouse.tables()
+    seen = _ids(read_table(session, "click_ledger", tables["click_ledger"])).persist()
+    joined = _ids(read_table(session, "joined_clicks", tables["joined_clicks"]))
+    unjoinable = _ids(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]))
+    registered = registry_frame(session, registry, warehouse)
+    in_flight = work_units_in_flight(context.instance)
+    resolved = joined.unionByName(unjoinable).distinct()
+    try:
+        lost_rows = (
+            seen.join(registered, "click_id")
+            .join(resolved, "click_id", "left_anti")
+            .where(F.col("token").isNull() | ~F.col("token").isin(list(in_flight)))
+        )
+        counts = {
+            "distinct_clicks": seen.count(),
+            "joined": joined.count(),
+            "unjoinable": unjoinable.count(),
+            "pending": seen.join(registered, "click_id", "left_anti").count(),
+            "joined_and_unjoinable": joined.join(unjoinable, "click_id").count(),
+            "output_never_seen": resolved.join(seen, "click_id", "left_anti").count(),
+            "registered_without_output": lost_rows.count(),
+            "work_units_in_flight": len(in_flight),
+        }
+    finally:
+        seen.unpersist()
+        registered.unpersist()
+    passed = counts["joined_and_unjoinable"] == 0 and counts["output_never_seen"] == 0 and counts["registered_without_output"] == 0
+    return dg.AssetCheckResult(passed=passed, metadata=counts)
+
+
+@dg.asset_check(
+    asset="joined_clicks",
+    description="Every id in the registry is in joined_clicks or unjoinable_clicks, or belongs to "
+    "a work unit still in flight.",
+)
+def registry_matches_output(
+    context: dg.AssetCheckExecutionContext,
+    spark: SparkResource,
+    warehouse: WarehouseResource,
+    registry: IdRegistryResource,
+) -> dg.AssetCheckResult:
+    session = spark.session()
+    tables = warehouse.tables()
+    registered = registry_frame(session, registry, warehouse)
+    resolved = _ids(read_table(session, "joined_clicks", tables["joined_clicks"])).unionByName(
+        _ids(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]))
+    )
+    in_flight = work_units_in_flight(context.instance)
+    try:
+        missing = registered.join(resolved, "click_id", "left_anti")
+        counts = {
+            "registered_ids": registered.count(),
+            "ids_with_token": registered.where(F.col("token").isNotNull()).count(),
+            "missing_from_output": missing.count(),
+            "missing_in_flight": missing.where(F.col("token").isin(list(in_flight))).count(),
+        }
+    finally:
+        registered.unpersist()
+    lost = counts["missing_from_output"] - counts["missing_in_flight"]
+    return dg.AssetCheckResult(passed=lost == 0, metadata={**counts, "missing_for_good": lost})
+
+
+@dg.asset_check(asset="click_aggregates", description="click_aggregates equals the aggregation of joined_clicks.")
+def aggregates_match_joined_clicks(spark: SparkResource, warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    session = spark.session()
+    tables = warehouse.tables()
+    expected = aggregate_clicks(read_table(session, "joined_clicks", tables["joined_clicks"]))
+    actual = read_table(session, "click_aggregates", tables["click_aggregates"])
+    keys = ["advertiser_id", "minute"]
+    compared = expected.alias("e").join(actual.alias("a"), keys, "full_outer")
+    mismatched = compared.where(
+        ~F.col("e.clicks").eqNullSafe(F.col("a.clicks")) | ~F.col("e.cost_micros").eqNullSafe(F.col("a.cost_micros"))
+    ).count()
+    totals = actual.agg(F.count("*").alias("rows"), F.sum("clicks").alias("clicks")).first()
+    return dg.AssetCheckResult(
+        passed=mismatched == 0,
+        metadata={
+            "dagster/row_count": totals["rows"],
+            "clicks_total": totals["clicks"] or 0,
+            "mismatched_keys": mismatched,
+        },
+    )
+
+
+ALL_CHECKS = [joined_clicks_unique, clicks_accounted_for, registry_matches_output, aggregates_match_joined_clicks]

@@ -1,0 +1,37 @@
+"""Jobs: one per kind of work unit, plus the verification job that runs the asset checks.
+
+Micro-batch jobs run in-process (one step process per run, not per asset) and without the checks,
+which scan whole tables: those run in `verify`, once the pipeline is idle or on demand."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from photon_assets.checks import ALL_CHECKS
+
+INGEST_QUERIES_JOB = "ingest_queries"
+JOIN_CLICKS_JOB = "join_clicks_job"
+VERIFY_JOB = "verify"
+
+ingest_queries_job = dg.define_asset_job(
+    INGEST_QUERIES_JOB,
+    selection=dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
+    executor_def=dg.in_process_executor,
+    description="Parse one work unit of query logs into query_logs and log_file_map.",
+)
+
+join_clicks_job = dg.define_asset_job(
+    JOIN_CLICKS_JOB,
+    selection=dg.AssetSelection.assets(
+        "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates"
+    ).without_checks(),
+    executor_def=dg.in_process_executor,
+    description="Join one work unit of clicks (new log bytes, or pending clicks) exactly once.",
+)
+
+verify_job = dg.define_asset_job(
+    VERIFY_JOB,
+    selection=dg.AssetSelection.checks(*ALL_CHECKS),
+    executor_def=dg.in_process_executor,
+    description="Run every invariant check over the output tables and the registry.",
+)

@@ -1,0 +1,152 @@
+"""The dispatcher's persistent state (Photon §3.2, Ubiq §2): which bytes of which log files have been
+cut into work units.
+
+Per datacenter and stream, an append-only JSON Lines log of work units, each a list of byte ranges
+`[file, start, end)` ending just after a `\\n`. The next offset of a file is the end of its last
+range. A work unit is written here (and fsynced) before any run for it is requested, so its
+boundaries never change: a retry, or a re-evaluation after a crash, always names the same bytes
+under the same id, and its registry token stays the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TAIL_BLOCK = 1 << 16
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    id: str
+    seq: int
+    ranges: tuple[tuple[str, int, int], ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(end - start for _, start, end in self.ranges)
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "seq": self.seq, "ranges": [list(r) for r in self.ranges]})
+
+
+@dataclass
+class WorkUnitLog:
+    path: Path
+    units: list[WorkUnit] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> "WorkUnitLog":
+        log = cls(path)
+        if path.exists():
+            data = path.read_bytes()
+            complete = data[: data.rfind(b"\n") + 1]
+            if len(complete) != len(data):
+                # A torn append (crash mid-write) was never acknowledged: drop it.
+                with open(path, "r+b") as f:
+                    f.truncate(len(complete))
+            for line in complete.splitlines():
+                unit = json.loads(line)
+                log.units.append(WorkUnit(unit["id"], unit["seq"], tuple(tuple(r) for r in unit["ranges"])))
+        return log
+
+    def next_offsets(self) -> dict[str, int]:
+        offsets: dict[str, int] = {}
+        for unit in self.units:
+            for file, _, end in unit.ranges:
+                offsets[file] = max(offsets.get(file, 0), end)
+        return offsets
+
+    def append(self, units: list[WorkUnit]) -> None:
+        if not units:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(u.to_json() + "\n" for u in units))
+            f.flush()
+            os.fsync(f.fileno())
+        self.units.extend(units)
+
+
+def complete_end(path: Path, start: int, size: int) -> int:
+    """Offset just after the last `\\n` in `[start, size)`, or `start` if there is none: a last line
+    without `\\n` is a write in progress and is left for later."""
+    with open(path, "rb") as f:
+        pos = size
+        while pos > start:
+            block_start = max(start, pos - TAIL_BLOCK)
+            f.seek(block_start)
+            block = f.read(pos - block_start)
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                return block_start + newline + 1
+            pos = block_start
+    return start
+
+
+def next_line_start(path: Path, at: int, limit: int) -> int:
+    """Offset just after the first `\\n` at or after `at` (never beyond `limit`)."""
+    with open(path, "rb") as f:
+        f.seek(at)
+        pos = at
+        while pos < limit:
+            block = f.read(min(TAIL_BLOCK, limit - pos))
+            newline = block.find(b"\n")
+            if newline >= 0:
+                return pos + newline + 1
+            pos += len(block)
+    return limit
+
+
+def new_ranges(stream_dir: Path, offsets: dict[str, int]) -> list[tuple[str, int, int]]:
+    """Complete lines appended since `offsets`, oldest files first (by modification time)."""
+    if not stream_dir.is_dir():
+        return []
+    files = []
+    for path in stream_dir.rglob("*.jsonl"):
+        stat = path.stat()
+        files.append((stat.st_mtime_ns, str(path.relative_to(stream_dir)), path, stat.st_size))
+    ranges = []
+    for _, rel, path, size in sorted(files):
+        start = offsets.get(rel, 0)
+        if size > start:
+            end = complete_end(path, start, size)
+            if end > start:
+                ranges.append((rel, start, end))
+    return ranges
+
+
+def cut_work_units(
+    stream_dir: Path, ranges: list[tuple[str, int, int]], max_bytes: int, id_prefix: str, first_seq: int
+) -> list[WorkUnit]:
+    """Packs ranges, in order, into work units of at most `max_bytes` (a single line longer than
+    that makes a work unit of its own); a range is split only at a line boundary."""
+    units: list[WorkUnit] = []
+    current: list[tuple[str, int, int]] = []
+    size = 0
+
+    def close() -> None:
+        nonlocal current, size
+        if current:
+            seq = first_seq + len(units)
+            units.append(WorkUnit(f"{id_prefix}.{seq:08d}", seq, tuple(current)))
+            current, size = [], 0
+
+    for file, start, end in ranges:
+        while start < end:
+            room = max_bytes - size
+            if end - start <= room:
+                current.append((file, start, end))
+                size += end - start
+                break
+            cut = complete_end(stream_dir / file, start, start + room) if room > 0 else start
+            if cut == start and not current:
+                cut = next_line_start(stream_dir / file, start, end)  # one line longer than a unit
+            if cut > start:
+                current.append((file, start, cut))
+                start = cut
+            close()
+    close()
+    return units

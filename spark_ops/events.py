@@ -1,0 +1,105 @@
+"""Validation of one log line against the input contract (DESIGN.md: input logs).
+
+Pure Python, no Spark: the parse stage runs it inside executors, tests run it directly. A line is
+either an event tuple or a `BadLine` with a one-line reason; a bad line never affects its neighbours.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+# <server_ip>:<process_id>:<timestamp_us>
+EVENT_ID = re.compile(r"^(?P<ip>[0-9A-Fa-f.:\[\]]+?):(?P<pid>\d+):(?P<ts>\d+)$")
+INT64_MAX = 2**63 - 1
+
+QUERY_REQUIRED = ("query_id", "timestamp_us", "query_text", "ads")
+CLICK_REQUIRED = ("click_id", "query_id", "timestamp_us", "ad_id", "advertiser_id", "cost_micros")
+AD_REQUIRED = {"ad_id": str, "advertiser_id": str, "position": int, "bid_micros": int}
+
+
+class BadLine(ValueError):
+    """The reason a line is quarantined."""
+
+
+def _is_int(value) -> bool:
+    # bool is an int subclass in Python, and JSON true is not a timestamp.
+    return type(value) is int and -INT64_MAX - 1 <= value <= INT64_MAX
+
+
+def _require(obj: dict, name: str, kind: type):
+    if name not in obj:
+        raise BadLine(f"missing field {name}")
+    value = obj[name]
+    ok = _is_int(value) if kind is int else isinstance(value, kind)
+    if not ok:
+        raise BadLine(f"field {name} is not {'an integer' if kind is int else kind.__name__}")
+    return value
+
+
+def _event_id(value: str, name: str) -> re.Match:
+    match = EVENT_ID.match(value)
+    if match is None:
+        raise BadLine(f"field {name} is not of the form server_ip:process_id:timestamp_us")
+    return match
+
+
+def _load(raw: bytes, max_line_bytes: int) -> dict:
+    if len(raw) > max_line_bytes:
+        raise BadLine(f"line of {len(raw)} bytes exceeds the limit of {max_line_bytes}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadLine("not UTF-8") from None
+    if not text.strip():
+        raise BadLine("empty line")
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        raise BadLine("not JSON") from None
+    if not isinstance(obj, dict):
+        raise BadLine("JSON is not an object")
+    return obj
+
+
+def _extra(obj: dict, required: tuple[str, ...]) -> str | None:
+    rest = {k: v for k, v in obj.items() if k not in required}
+    return json.dumps(rest, separators=(",", ":"), ensure_ascii=False) if rest else None
+
+
+def parse_query(raw: bytes, max_line_bytes: int) -> tuple:
+    """(query_id, timestamp_us, query_text, ads, extra, server_ip, process_id)"""
+    obj = _load(raw, max_line_bytes)
+    query_id = _require(obj, "query_id", str)
+    match = _event_id(query_id, "query_id")
+    timestamp_us = _require(obj, "timestamp_us", int)
+    query_text = _require(obj, "query_text", str)
+    ads = _require(obj, "ads", list)
+    for ad in ads:
+        if not isinstance(ad, dict):
+            raise BadLine("an entry of ads is not an object")
+        for name, kind in AD_REQUIRED.items():
+            _require(ad, name, kind)
+    ads = [{name: ad[name] for name in AD_REQUIRED} for ad in ads]
+    return (query_id, timestamp_us, query_text, ads, _extra(obj, QUERY_REQUIRED), match["ip"], match["pid"])
+
+
+def parse_click(raw: bytes, max_line_bytes: int) -> tuple:
+    """(click_id, query_id, timestamp_us, ad_id, advertiser_id, cost_micros, extra)"""
+    obj = _load(raw, max_line_bytes)
+    click_id = _require(obj, "click_id", str)
+    _event_id(click_id, "click_id")
+    query_id = _require(obj, "query_id", str)
+    _event_id(query_id, "query_id")
+    return (
+        click_id,
+        query_id,
+        _require(obj, "timestamp_us", int),
+        _require(obj, "ad_id", str),
+        _require(obj, "advertiser_id", str),
+        _require(obj, "cost_micros", int),
+        _extra(obj, CLICK_REQUIRED),
+    )
+
+
+PARSERS = {"query": parse_query, "click": parse_click}

@@ -1,0 +1,92 @@
+"""Turning a work unit's parsed lines into table rows: query_logs + log_file_map, the click ledger,
+and quarantine. Each append carries the work unit's id as Delta transaction id, so a retried work
+unit that had already committed a table is skipped for that table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_ops.parse import events, quarantined
+from spark_ops.tables import append_once
+
+
+@dataclass
+class IngestStats:
+    lines: int = 0
+    events: int = 0
+    quarantined: int = 0
+    bytes_read: int = 0
+    map_entries: int = 0
+    max_timestamp_us: int | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def log_file_map_entries(queries: DataFrame, every_seconds: int, every_bytes: int) -> DataFrame:
+    """Photon's sparse index into the raw query logs (§3.4.2): per file, the first query of every
+    `every_seconds` window of event time and of every `every_bytes` span of the file, so a lookup
+    finds an entry within W seconds or M bytes before any query."""
+    keys = ["file", "server_ip", "process_id"]
+    first = F.min(F.struct("offset", "timestamp_us")).alias("entry")
+    by_time = queries.groupBy(*keys, F.floor(F.col("timestamp_us") / (every_seconds * 1_000_000))).agg(first)
+    by_bytes = queries.groupBy(*keys, F.floor(F.col("offset") / every_bytes)).agg(first)
+    return (
+        by_time.select(*keys, "entry")
+        .unionByName(by_bytes.select(*keys, "entry"))
+        .select(*keys, F.col("entry.timestamp_us").alias("timestamp_us"), F.col("entry.offset").alias("offset"))
+        .distinct()
+    )
+
+
+def _with_unit(df: DataFrame, dc: str, work_unit: str) -> DataFrame:
+    return df.withColumn("dc", F.lit(dc)).withColumn("work_unit", F.lit(work_unit))
+
+
+def ingest_queries(
+    parsed: DataFrame,
+    dc: str,
+    work_unit: str,
+    tables: dict[str, str],
+    map_every_seconds: int,
+    map_every_bytes: int,
+) -> IngestStats:
+    """`parsed` is read several times: the caller persists it."""
+    queries = _with_unit(events(parsed), dc, work_unit)
+    append_once(queries, "query_logs", tables["query_logs"], f"query_logs/{work_unit}")
+    entries = _with_unit(log_file_map_entries(queries, map_every_seconds, map_every_bytes), dc, work_unit)
+    append_once(entries, "log_file_map", tables["log_file_map"], f"log_file_map/{work_unit}")
+    append_once(quarantined(parsed, dc, "query", work_unit), "quarantined_lines",
+                tables["quarantined_lines"], f"quarantine/{work_unit}")
+    stats = _line_stats(parsed)
+    stats.map_entries = entries.count()
+    return stats
+
+
+def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, tables: dict[str, str]) -> IngestStats:
+    """Records the work unit's click lines in the ledger and quarantine. The caller persists
+    `parsed` and joins its events next."""
+    append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"],
+                f"click_ledger/{work_unit}")
+    append_once(quarantined(parsed, dc, "click", work_unit), "quarantined_lines",
+                tables["quarantined_lines"], f"quarantine/{work_unit}")
+    return _line_stats(parsed)
+
+
+def _line_stats(parsed: DataFrame) -> IngestStats:
+    row = parsed.agg(
+        F.count("*").alias("lines"),
+        F.count_if(F.col("reason").isNull()).alias("events"),
+        F.coalesce(F.sum("length"), F.lit(0)).alias("bytes_read"),
+        F.max("timestamp_us").alias("max_timestamp_us"),
+    ).first()
+    return IngestStats(
+        lines=row["lines"],
+        events=row["events"],
+        quarantined=row["lines"] - row["events"],
+        bytes_read=row["bytes_read"],
+        max_timestamp_us=row["max_timestamp_us"],
+    )

@@ -1,0 +1,157 @@
+"""Parse a work unit's byte ranges of log files into events and quarantined lines, in Spark.
+
+A range is `[start, end)` of one file, starting at a line start and ending just after a `\\n` (the
+dispatcher never hands out a torn line). Ranges are cut into chunks of `chunk_bytes` that executors
+read in parallel; a chunk owns the lines that *start* inside it, as Hadoop's line reader does, so
+the cut need not fall on a line boundary. Executors yield Arrow record batches (mapInArrow); the
+driver never sees the lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark_ops.events import PARSERS, BadLine
+from spark_ops.schemas import PARSED, arrow_schema
+
+CHUNK_FIELDS = T.StructType(
+    [
+        T.StructField("path", T.StringType()),
+        T.StructField("file", T.StringType()),
+        T.StructField("range_end", T.LongType()),
+        T.StructField("chunk_start", T.LongType()),
+        T.StructField("chunk_end", T.LongType()),
+        T.StructField("owns_first_line", T.BooleanType()),
+    ]
+)
+ROWS_PER_BATCH = 8192
+SNIPPET_CHARS = 200
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    file: str  # relative to the datacenter's stream directory
+    start: int
+    end: int
+
+
+def _read_line(f, limit: int) -> tuple[bytes, int]:
+    """The next line without its `\\n` (truncated past `limit` bytes) and its full length with it."""
+    line = f.readline(limit + 1)
+    if line.endswith(b"\n"):
+        return line[:-1], len(line)
+    length = len(line)
+    # Longer than the limit: skip the rest of it without holding it in memory.
+    while True:
+        block = f.readline(1 << 20)
+        length += len(block)
+        if not block or block.endswith(b"\n"):
+            return line, length
+
+
+def _chunk_lines(chunk: dict, max_line_bytes: int) -> Iterator[tuple[int, bytes, int]]:
+    """(offset, line, length) of each line starting in the chunk."""
+    with open(chunk["path"], "rb") as f:
+        pos = chunk["chunk_start"]
+        if not chunk["owns_first_line"]:
+            # The line containing byte chunk_start - 1 belongs to the previous chunk.
+            f.seek(pos - 1)
+            _, skipped = _read_line(f, max_line_bytes)
+            pos += skipped - 1
+        else:
+            f.seek(pos)
+        while pos < chunk["chunk_end"] and pos < chunk["range_end"]:
+            line, length = _read_line(f, max_line_bytes)
+            if length == 0:
+                return
+            yield pos, line, length
+            pos += length
+
+
+def _parse_partition(stream: str, max_line_bytes: int, schema: pa.Schema):
+    parse = PARSERS[stream]
+    n_event_fields = len(schema) - 5  # file, offset, length, reason, snippet follow the event
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        columns: list[list] = [[] for _ in schema]
+
+        def flush() -> pa.RecordBatch:
+            batch = pa.RecordBatch.from_arrays(
+                [pa.array(col, type=field.type) for col, field in zip(columns, schema)], schema=schema
+            )
+            for col in columns:
+                col.clear()
+            return batch
+
+        for batch in batches:
+            for chunk in batch.to_pylist():
+                for offset, line, length in _chunk_lines(chunk, max_line_bytes):
+                    reason = snippet = None
+                    try:
+                        if length - 1 > max_line_bytes:  # `line` holds only its first bytes
+                            raise BadLine(f"line of {length - 1} bytes exceeds the limit of {max_line_bytes}")
+                        values = parse(line, max_line_bytes)
+                    except BadLine as bad:
+                        values = (None,) * n_event_fields
+                        reason = str(bad)
+                        snippet = line[:SNIPPET_CHARS].decode("utf-8", errors="replace")
+                    for col, value in zip(columns, (*values, chunk["file"], offset, length, reason, snippet)):
+                        col.append(value)
+                    if len(columns[0]) >= ROWS_PER_BATCH:
+                        yield flush()
+        if columns[0]:
+            yield flush()
+
+    return run
+
+
+def chunks(stream_dir: Path, ranges: list[ByteRange], chunk_bytes: int) -> list[tuple]:
+    out = []
+    for r in ranges:
+        path = str(stream_dir / r.file)
+        for start in range(r.start, r.end, chunk_bytes):
+            out.append((path, r.file, r.end, start, min(start + chunk_bytes, r.end), start == r.start))
+    return out
+
+
+def parse_ranges(
+    spark: SparkSession,
+    stream: str,
+    stream_dir: Path,
+    ranges: list[ByteRange],
+    max_line_bytes: int = 65536,
+    chunk_bytes: int = 4 << 20,
+) -> DataFrame:
+    """Every line of the ranges, parsed: events have `reason` null, quarantined lines have one."""
+    spark_schema = PARSED[stream]
+    rows = chunks(stream_dir, ranges, chunk_bytes)
+    source = spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, max(1, len(rows))), CHUNK_FIELDS
+    )
+    return source.mapInArrow(
+        _parse_partition(stream, max_line_bytes, arrow_schema(spark_schema)), spark_schema
+    )
+
+
+def events(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.col("reason").isNull()).drop("reason", "snippet")
+
+
+def quarantined(parsed: DataFrame, dc: str, stream: str, work_unit: str) -> DataFrame:
+    return parsed.where(F.col("reason").isNotNull()).select(
+        F.lit(dc).alias("dc"),
+        F.lit(stream).alias("stream"),
+        "file",
+        "offset",
+        "length",
+        "reason",
+        "snippet",
+        F.lit(work_unit).alias("work_unit"),
+    )

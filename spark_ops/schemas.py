@@ -1,0 +1,81 @@
+"""Column layouts of the parsed events and of the output tables (DESIGN.md: outputs)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import types as T
+
+AD = T.StructType(
+    [
+        T.StructField("ad_id", T.StringType()),
+        T.StructField("advertiser_id", T.StringType()),
+        T.StructField("position", T.LongType()),
+        T.StructField("bid_micros", T.LongType()),
+    ]
+)
+
+# Where a line came from: the file (relative to the datacenter's stream directory) and byte span.
+SOURCE_FIELDS = [
+    T.StructField("file", T.StringType()),
+    T.StructField("offset", T.LongType()),
+    T.StructField("length", T.LongType()),
+]
+
+# Event fields beyond the required ones are passed through as a JSON object string.
+QUERY_FIELDS = [
+    T.StructField("query_id", T.StringType()),
+    T.StructField("timestamp_us", T.LongType()),
+    T.StructField("query_text", T.StringType()),
+    T.StructField("ads", T.ArrayType(AD)),
+    T.StructField("extra", T.StringType()),
+    T.StructField("server_ip", T.StringType()),
+    T.StructField("process_id", T.StringType()),
+]
+
+CLICK_FIELDS = [
+    T.StructField("click_id", T.StringType()),
+    T.StructField("query_id", T.StringType()),
+    T.StructField("timestamp_us", T.LongType()),
+    T.StructField("ad_id", T.StringType()),
+    T.StructField("advertiser_id", T.StringType()),
+    T.StructField("cost_micros", T.LongType()),
+    T.StructField("extra", T.StringType()),
+]
+
+# A parsed line is either an event (reason is null) or a quarantined line (event fields null).
+PROBLEM_FIELDS = [
+    T.StructField("reason", T.StringType()),
+    T.StructField("snippet", T.StringType()),
+]
+
+PARSED = {
+    "query": T.StructType(QUERY_FIELDS + SOURCE_FIELDS + PROBLEM_FIELDS),
+    "click": T.StructType(CLICK_FIELDS + SOURCE_FIELDS + PROBLEM_FIELDS),
+}
+
+QUERY_STRUCT = T.StructType(
+    [
+        T.StructField("query_id", T.StringType()),
+        T.StructField("timestamp_us", T.LongType()),
+        T.StructField("query_text", T.StringType()),
+        T.StructField("ads", T.ArrayType(AD)),
+        T.StructField("extra", T.StringType()),
+    ]
+)
+
+
+def arrow_schema(spark_schema: T.StructType) -> pa.Schema:
+    """The Arrow schema mapInArrow must yield for a Spark schema (the subset of types used here)."""
+
+    def convert(dt: T.DataType) -> pa.DataType:
+        if isinstance(dt, T.StringType):
+            return pa.string()
+        if isinstance(dt, T.LongType):
+            return pa.int64()
+        if isinstance(dt, T.ArrayType):
+            return pa.list_(convert(dt.elementType))
+        if isinstance(dt, T.StructType):
+            return pa.struct([pa.field(f.name, convert(f.dataType)) for f in dt.fields])
+        raise TypeError(f"no Arrow mapping for {dt}")
+
+    return pa.schema([pa.field(f.name, convert(f.dataType)) for f in spark_schema.fields])

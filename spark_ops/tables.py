@@ -1,0 +1,150 @@
+"""The Delta tables under `<data-dir>/warehouse/` and the two idempotent ways this project writes.
+
+- `append_once`: an append tagged with Delta's transaction id (`txnAppId`, `txnVersion`); a retry of
+  the same work unit that already committed is skipped by Delta itself.
+- `insert_new`: MERGE inserting only keys absent from the table. Used for outputs whose key must
+  never repeat (`click_id`): even a retried work unit that joins more clicks than its first attempt
+  cannot duplicate one.
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from spark_ops.schemas import CLICK_FIELDS, QUERY_FIELDS, QUERY_STRUCT, SOURCE_FIELDS
+
+
+def _f(name: str, dt: T.DataType) -> T.StructField:
+    return T.StructField(name, dt)
+
+
+CLICK_EVENT = [f for f in CLICK_FIELDS if f.name != "extra"] + [_f("click_extra", T.StringType())]
+
+TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
+    "query_logs": (
+        T.StructType([_f("dc", T.StringType()), *QUERY_FIELDS, *SOURCE_FIELDS, _f("work_unit", T.StringType())]),
+        ["dc"],
+    ),
+    "log_file_map": (
+        T.StructType(
+            [
+                _f("dc", T.StringType()),
+                _f("server_ip", T.StringType()),
+                _f("process_id", T.StringType()),
+                _f("timestamp_us", T.LongType()),
+                _f("file", T.StringType()),
+                _f("offset", T.LongType()),
+                _f("work_unit", T.StringType()),
+            ]
+        ),
+        ["dc"],
+    ),
+    # Every valid click line each datacenter's pipeline has read: the universe for completeness,
+    # duplicate counting, and the source of pending clicks to retry.
+    "click_ledger": (
+        T.StructType([_f("dc", T.StringType()), *CLICK_FIELDS, *SOURCE_FIELDS, _f("work_unit", T.StringType())]),
+        ["dc"],
+    ),
+    "joined_clicks": (
+        T.StructType(
+            [
+                *CLICK_EVENT,
+                _f("query", QUERY_STRUCT),
+                _f("joined_by_dc", T.StringType()),
+                _f("joined_at", T.TimestampType()),
+                _f("work_unit", T.StringType()),
+            ]
+        ),
+        [],
+    ),
+    "unjoinable_clicks": (
+        T.StructType(
+            [
+                *CLICK_EVENT,
+                _f("reason", T.StringType()),
+                _f("dc", T.StringType()),
+                _f("recorded_at", T.TimestampType()),
+                _f("work_unit", T.StringType()),
+            ]
+        ),
+        [],
+    ),
+    "click_aggregates": (
+        T.StructType(
+            [
+                _f("advertiser_id", T.StringType()),
+                _f("minute", T.TimestampType()),
+                _f("clicks", T.LongType()),
+                _f("cost_micros", T.LongType()),
+            ]
+        ),
+        [],
+    ),
+    "quarantined_lines": (
+        T.StructType(
+            [
+                _f("dc", T.StringType()),
+                _f("stream", T.StringType()),
+                *SOURCE_FIELDS,
+                _f("reason", T.StringType()),
+                _f("snippet", T.StringType()),
+                _f("work_unit", T.StringType()),
+            ]
+        ),
+        ["dc"],
+    ),
+}
+
+
+def ensure_table(spark: SparkSession, name: str, path: str) -> None:
+    schema, partitions = TABLE_SCHEMAS[name]
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    if partitions:
+        builder = builder.partitionedBy(*partitions)
+    builder.execute()
+
+
+def read_table(spark: SparkSession, name: str, path: str) -> DataFrame:
+    ensure_table(spark, name, path)
+    return spark.read.format("delta").load(path)
+
+
+def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, DataFrame]:
+    """The table's latest version and a DataFrame pinned to it."""
+    ensure_table(spark, name, path)
+    version = DeltaTable.forPath(spark, path).history(1).first()["version"]
+    return version, spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def append_once(df: DataFrame, name: str, path: str, app_id: str, version: int = 1) -> None:
+    ensure_table(df.sparkSession, name, path)
+    schema, _ = TABLE_SCHEMAS[name]
+    (
+        df.select(*schema.fieldNames())
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", version)
+        .save(path)
+    )
+
+
+def insert_new(df: DataFrame, name: str, path: str, key: str) -> None:
+    spark = df.sparkSession
+    ensure_table(spark, name, path)
+    schema, _ = TABLE_SCHEMAS[name]
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(df.select(*schema.fieldNames()).alias("s"), f"t.{key} = s.{key}")
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+def overwrite(df: DataFrame, name: str, path: str) -> None:
+    ensure_table(df.sparkSession, name, path)
+    schema, _ = TABLE_SCHEMAS[name]
+    df.select(*schema.fieldNames()).write.format("delta").mode("overwrite").save(path)
