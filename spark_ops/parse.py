@@ -132,9 +132,9 @@ def parse_ranges(
     """Every line of the ranges, parsed: events have `reason` null, quarantined lines have one."""
     spark_schema = PARSED[stream]
     rows = chunks(stream_dir, ranges, chunk_bytes)
-    source = spark.createDataFrame(
-        spark.sparkContext.parallelize(rows, max(1, len(rows))), CHUNK_FIELDS
-    )
+    # Several chunks per task: a Python task costs far more than reading a few MB.
+    slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism))
+    source = spark.createDataFrame(spark.sparkContext.parallelize(rows, slices), CHUNK_FIELDS)
     return source.mapInArrow(
         _parse_partition(stream, max_line_bytes, arrow_schema(spark_schema)), spark_schema
     )

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Sets up everything the project needs, idempotently: the .venv with the pinned packages and the
+# project itself, and Delta Lake's JVM jars fetched once from Maven Central into .cache/jars
+# (git-ignored), from where every Spark session loads them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+die() { echo "setup: $*" >&2; exit 1; }
+
+python=""
+for candidate in python3.11 python3; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    python=$candidate; break
+  fi
+done
+[ -n "$python" ] || die "Python 3.11 is required"
+command -v java >/dev/null || die "Java 17 is required (java not found)"
+java -version 2>&1 | grep -q 'version "17' || die "Java 17 is required, found: $(java -version 2>&1 | head -1)"
+
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+stamp=.venv/.photon-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[test]"
+  touch "$stamp"
+fi
+
+if ! ls .cache/jars/delta-spark_2.13-*.jar .cache/jars/delta-storage-*.jar >/dev/null 2>&1; then
+  command -v mvn >/dev/null || die "Maven is required once, to fetch the Delta jars"
+  mvn --batch-mode --quiet -f scripts/jars-pom.xml -Dmaven.repo.local="$PWD/.cache/m2" \
+    dependency:copy-dependencies -DoutputDirectory="$PWD/.cache/jars"
+fi

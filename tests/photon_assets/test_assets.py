@@ -1,0 +1,100 @@
+"""Assets and checks through Dagster's `materialize`, on real Spark, Delta and DuckDB."""
+
+import dagster as dg
+import pytest
+
+from photon_assets.checks import ALL_CHECKS
+from photon_assets.clicks import click_aggregates, join_clicks
+from photon_assets.queries import ingest_query_logs
+from photon_assets.work_unit import PENDING
+from resources.registry import IdRegistryResource, close_embedded_registries
+from resources.settings import PipelineSettings
+from resources.spark import SparkResource
+from resources.storage import WarehouseResource
+from tests.conftest import click, query, write_lines
+
+ASSETS = [ingest_query_logs, join_clicks, click_aggregates, *ALL_CHECKS]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    yield tmp_path
+    close_embedded_registries()
+
+
+def resources(data_dir):
+    return {
+        "spark": SparkResource(shuffle_partitions=2, driver_memory="2g"),
+        "warehouse": WarehouseResource(data_dir=str(data_dir)),
+        "registry": IdRegistryResource(data_dir=str(data_dir)),
+        "settings": PipelineSettings(),
+    }
+
+
+def unit(op: str, work_unit: str, path=None, kind="log_ranges") -> dict:
+    ranges = [] if path is None else [{"file": "w/0.jsonl", "start": 0, "end": path.stat().st_size}]
+    config = {"dc": "dc1", "work_unit": work_unit, "kind": kind, "ranges": ranges}
+    return {"ops": {op: {"config": config}}}
+
+
+def materialize(data_dir, instance, selection, run_config=None):
+    return dg.materialize(ASSETS, selection=selection, resources=resources(data_dir), instance=instance,
+                          run_config=run_config or {})
+
+
+def metadata(result, asset: str) -> dict:
+    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == asset]
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def test_pipeline_through_assets_and_checks(data_dir):
+    logs = data_dir / "logs" / "dc1"
+    clicks = write_lines(logs / "click" / "w" / "0.jsonl",
+                        [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10), click("10.3.0.1:1:2", "10.1.0.1:1:2", 20),
+                         "not json at all"])
+    with dg.instance_for_test() as instance:
+        # Clicks first: their queries are not there yet, so they stay pending.
+        joined = materialize(data_dir, instance, dg.AssetSelection.assets(
+            "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates").without_checks(),
+            unit("join_clicks", "dc1.click.00000000", clicks))
+        assert joined.success
+        assert metadata(joined, "joined_clicks")["clicks_pending"] == 2
+        assert metadata(joined, "click_ledger")["quarantined_lines"] == 1
+
+        queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:2", 6)])
+        ingested = materialize(data_dir, instance, dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
+                               unit("ingest_query_logs", "dc1.query.00000000", queries))
+        assert metadata(ingested, "query_logs")["queries_added"] == 2
+        assert metadata(ingested, "log_file_map")["entries_added"] >= 1
+
+        retried = materialize(data_dir, instance, dg.AssetSelection.assets(
+            "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates").without_checks(),
+            unit("join_clicks", "dc1.pending.00000000", kind=PENDING))
+        assert metadata(retried, "joined_clicks")["clicks_joined"] == 2
+        assert metadata(retried, "click_aggregates")["dagster/row_count"] == 1
+
+        checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))
+        evaluations = {e.check_name: e for e in checked.get_asset_check_evaluations()}
+        assert all(e.passed for e in evaluations.values()), evaluations
+        counts = {k: v.value for k, v in evaluations["clicks_accounted_for"].metadata.items()}
+        assert counts["distinct_clicks"] == 2 and counts["joined"] == 2 and counts["pending"] == 0
+
+
+def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
+    """A click registered but never written (a joiner crash with no retry) fails two checks."""
+    import pyarrow as pa
+
+    logs = data_dir / "logs" / "dc1"
+    clicks = write_lines(logs / "click" / "w" / "0.jsonl", [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10)])
+    with dg.instance_for_test() as instance:
+        materialize(data_dir, instance, dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks").without_checks(),
+                    unit("join_clicks", "dc1.click.00000000", clicks))
+        registry = IdRegistryResource(data_dir=str(data_dir)).get()
+        registry.commit(pa.table({"click_id": ["10.3.0.1:1:1"], "timestamp_us": [10]}), "crashed-unit").read_all()
+        checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))
+        evaluations = {e.check_name: e for e in checked.get_asset_check_evaluations()}
+        assert not evaluations["registry_matches_output"].passed
+        assert evaluations["registry_matches_output"].metadata["missing_for_good"].value == 1
+        assert not evaluations["clicks_accounted_for"].passed
+        assert evaluations["clicks_accounted_for"].metadata["registered_without_output"].value == 1
+        assert evaluations["joined_clicks_unique"].passed

@@ -1,0 +1,131 @@
+import json
+
+import dagster as dg
+import pytest
+from dagster._core.test_utils import create_run_for_test
+
+from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
+from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_PENDING, TAG_STREAM, TAG_WORK_UNIT
+from resources.settings import PipelineSettings
+from sensors.dispatcher import log_dispatcher, pending_dispatcher
+from sensors.retries import plan_retries
+from tests.conftest import click, query, write_lines
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+def evaluate(sensor, instance, cursor=None, **settings) -> dg.SensorResult:
+    context = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"settings": PipelineSettings(**settings)}
+    )
+    return sensor(context)
+
+
+def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, instance):
+    click_dir = tmp_path / "logs" / "dc1" / "click"
+    clicks = [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i) for i in range(20)]
+    write_lines(click_dir / "w1" / "00000.jsonl", clicks[:10], torn='{"click_id": "10.0.')
+    write_lines(click_dir / "w2" / "00000.jsonl", clicks[10:])
+    sensor = log_dispatcher("dc1", "click", str(tmp_path))
+
+    first = evaluate(sensor, instance, click_work_unit_bytes=1200)
+    keys = [r.run_key for r in first.run_requests]
+    assert keys == [f"dc1.click.{i:08d}" for i in range(len(keys))] and len(keys) >= 2
+    ranges = [rng for r in first.run_requests for rng in r.run_config["ops"]["join_clicks"]["config"]["ranges"]]
+    covered = {f: sum(r["end"] - r["start"] for r in ranges if r["file"] == f) for f in {r["file"] for r in ranges}}
+    torn_file = click_dir / "w1" / "00000.jsonl"
+    assert covered["w1/00000.jsonl"] == torn_file.stat().st_size - len('{"click_id": "10.0.')  # torn line left
+    assert covered["w2/00000.jsonl"] == (click_dir / "w2" / "00000.jsonl").stat().st_size
+    assert all(r.tags[TAG_DC] == "dc1" and r.job_name == JOIN_CLICKS_JOB for r in first.run_requests)
+    cursor = json.loads(first.cursor)
+    assert cursor == {"requested": len(keys), "v": 1}
+
+    # Nothing new: nothing requested. A tick that lost its cursor re-requests the same keys.
+    assert evaluate(sensor, instance, cursor=first.cursor).run_requests == []
+    assert [r.run_key for r in evaluate(sensor, instance).run_requests] == keys
+
+    # The torn line completes: one more work unit, starting exactly where the last one ended.
+    with open(torn_file, "a") as f:
+        f.write('0.1:1:99", "query_id": "10.0.0.2:2:1", "timestamp_us": 99, "ad_id": "a", '
+                '"advertiser_id": "b", "cost_micros": 1}\n')
+    later = evaluate(sensor, instance, cursor=first.cursor)
+    [new] = later.run_requests
+    [rng] = new.run_config["ops"]["join_clicks"]["config"]["ranges"]
+    assert rng["file"] == "w1/00000.jsonl" and rng["end"] == torn_file.stat().st_size
+    assert rng["start"] == covered["w1/00000.jsonl"]
+
+
+def test_query_dispatcher_targets_the_ingest_job(tmp_path, instance):
+    write_lines(tmp_path / "logs" / "dc2" / "query" / "w" / "0.jsonl", [query("10.0.0.2:2:1", 1)])
+    result = evaluate(log_dispatcher("dc2", "query", str(tmp_path)), instance)
+    [request] = result.run_requests
+    assert request.job_name == INGEST_QUERIES_JOB and request.run_key == "dc2.query.00000000"
+    assert request.tags[TAG_STREAM] == "query"
+
+
+def failed_run(instance, unit: str, attempt: int, stream: str = "click"):
+    config = {"ops": {"join_clicks": {"config": {"dc": "dc1", "work_unit": unit, "attempt": attempt, "ranges": []}}}}
+    return create_run_for_test(
+        instance,
+        job_name=JOIN_CLICKS_JOB,
+        status=dg.DagsterRunStatus.FAILURE,
+        run_config=config,
+        tags={TAG_DC: "dc1", TAG_STREAM: stream, TAG_WORK_UNIT: unit, TAG_ATTEMPT: str(attempt)},
+    )
+
+
+def test_failed_work_units_are_retried_under_new_keys_with_backoff(instance):
+    settings = PipelineSettings(retry_backoff_seconds=10, max_attempts=3)
+    failed_run(instance, "dc1.click.00000007", 1)
+    now = instance.get_run_records()[0].update_timestamp.timestamp()
+    assert plan_retries(instance, JOIN_CLICKS_JOB, "dc1", settings, now=now + 1).waiting == ["dc1.click.00000007"]
+    plan = plan_retries(instance, JOIN_CLICKS_JOB, "dc1", settings, now=now + 11)
+    [retry] = plan.run_requests
+    assert retry.run_key == "dc1.click.00000007#2"
+    assert retry.run_config["ops"]["join_clicks"]["config"]["attempt"] == 2
+    assert retry.run_config["ops"]["join_clicks"]["config"]["work_unit"] == "dc1.click.00000007"
+
+    # Attempt 2 failed too: backoff doubles. Attempt 3 failed: exhausted, reported, not retried.
+    failed_run(instance, "dc1.click.00000007", 2)
+    assert plan_retries(instance, JOIN_CLICKS_JOB, "dc1", settings, now=now + 15).waiting
+    failed_run(instance, "dc1.click.00000007", 3)
+    plan = plan_retries(instance, JOIN_CLICKS_JOB, "dc1", settings, now=now + 10_000)
+    assert plan.run_requests == [] and plan.exhausted == ["dc1.click.00000007"]
+
+
+def test_a_succeeded_work_unit_is_not_retried(instance):
+    failed_run(instance, "dc1.click.00000001", 1)
+    create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.SUCCESS,
+                        tags={TAG_DC: "dc1", TAG_WORK_UNIT: "dc1.click.00000001", TAG_ATTEMPT: "2"})
+    plan = plan_retries(instance, JOIN_CLICKS_JOB, "dc1", PipelineSettings(retry_backoff_seconds=0))
+    assert plan.run_requests == [] and plan.waiting == [] and plan.exhausted == []
+
+
+def succeeded(instance, job: str, tags: dict):
+    create_run_for_test(instance, job_name=job, status=dg.DagsterRunStatus.SUCCESS, tags={TAG_DC: "dc1", **tags})
+
+
+def test_pending_clicks_are_retried_only_after_new_query_data(instance):
+    sensor = pending_dispatcher("dc1")
+    context = dg.build_sensor_context(instance=instance)
+    assert sensor(context).run_requests == []  # no query data at all
+
+    succeeded(instance, INGEST_QUERIES_JOB, {})
+    idle = sensor(dg.build_sensor_context(instance=instance))
+    assert idle.run_requests == [] and "no pending" in idle.skip_reason.skip_message
+
+    # A click work unit leaves clicks pending: no retry until new query data arrives.
+    succeeded(instance, JOIN_CLICKS_JOB, {TAG_KIND: "log_ranges", TAG_PENDING: "4"})
+    waiting = sensor(dg.build_sensor_context(instance=instance, cursor=idle.cursor))
+    assert waiting.run_requests == [] and "no new query data" in waiting.skip_reason.skip_message
+
+    succeeded(instance, INGEST_QUERIES_JOB, {})
+    retry = sensor(dg.build_sensor_context(instance=instance, cursor=waiting.cursor))
+    [request] = retry.run_requests
+    assert request.run_key == "dc1.pending.00000000" and request.tags[TAG_KIND] == PENDING
+    assert json.loads(retry.cursor) == {"query_progress": 2, "retries": 1, "v": 1}
+    assert sensor(dg.build_sensor_context(instance=instance, cursor=retry.cursor)).run_requests == []

@@ -1,0 +1,33 @@
+import pytest
+
+from spark_ops.parse import ByteRange, events, parse_ranges, quarantined
+from tests.conftest import click, write_lines
+
+GOOD = [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i, note="x" * (i * 7)) for i in range(12)]
+BAD = ["garbage{", '{"click_id": "10.0.0.1:1:1", "timestamp_us": "abc"}', "z" * 400]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1 << 20])
+def test_every_line_is_parsed_once_whatever_the_chunking(spark, tmp_path, chunk_bytes):
+    path = write_lines(tmp_path / "w" / "0.jsonl", GOOD[:5] + BAD + GOOD[5:])
+    parsed = parse_ranges(spark, "click", tmp_path, [ByteRange("w/0.jsonl", 0, path.stat().st_size)],
+                          max_line_bytes=300, chunk_bytes=chunk_bytes).orderBy("offset").collect()
+    assert [r.click_id for r in parsed if r.reason is None] == [c["click_id"] for c in GOOD]
+    assert [r.reason for r in parsed if r.reason] == [
+        "not JSON", "missing field query_id", "line of 400 bytes exceeds the limit of 300"]
+    # Offsets and lengths tile the file exactly: nothing skipped, nothing read twice.
+    assert parsed[0].offset == 0
+    assert all(a.offset + a.length == b.offset for a, b in zip(parsed, parsed[1:]))
+    assert parsed[-1].offset + parsed[-1].length == path.stat().st_size
+
+
+def test_ranges_read_only_their_bytes_and_quarantine_records_where(spark, tmp_path):
+    path = write_lines(tmp_path / "w" / "0.jsonl", GOOD[:3] + BAD[:1] + GOOD[3:6])
+    lines = path.read_bytes().splitlines(keepends=True)
+    start = sum(len(line) for line in lines[:2])
+    end = start + sum(len(line) for line in lines[2:5])
+    parsed = parse_ranges(spark, "click", tmp_path, [ByteRange("w/0.jsonl", start, end)])
+    assert sorted(r.click_id for r in events(parsed).collect()) == sorted(c["click_id"] for c in [GOOD[2], GOOD[3]])
+    [bad] = quarantined(parsed, "dc1", "click", "u1").collect()
+    assert (bad.file, bad.offset, bad.length, bad.reason) == ("w/0.jsonl", start + len(lines[2]), 9, "not JSON")
+    assert (bad.dc, bad.stream, bad.work_unit, bad.snippet) == ("dc1", "click", "u1", "garbage{")

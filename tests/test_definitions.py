@@ -1,0 +1,35 @@
+import importlib
+import subprocess
+import sys
+
+from photon.layout import REPO_ROOT
+from tests.conftest import query, write_lines
+
+
+def test_definitions_load_with_sensors_per_datacenter(tmp_path, monkeypatch):
+    for dc in ("dc1", "dc2"):
+        write_lines(tmp_path / "logs" / dc / "query" / "w" / "0.jsonl", [query("1.1.1.1:1:1", 1)])
+    monkeypatch.setenv("PHOTON_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("PHOTON_DATACENTERS", raising=False)
+    import definitions
+
+    defs = importlib.reload(definitions).defs
+    repo = defs.get_repository_def()
+    assert {s.name for s in repo.sensor_defs} == {
+        f"{kind}_{dc}" for dc in ("dc1", "dc2")
+        for kind in ("query_log_dispatcher", "click_log_dispatcher", "pending_click_dispatcher")
+    }
+    assert {job.name for job in repo.get_all_jobs()} >= {"ingest_queries", "join_clicks_job", "verify"}
+    assert {str(key.to_user_string()) for key in repo.asset_graph.get_all_asset_keys()} == {
+        "query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates"}
+    assert len(repo.asset_graph.asset_check_keys) == 4
+
+
+def test_workspace_validates(tmp_path):
+    env = {"PHOTON_DATA_DIR": str(tmp_path), "DAGSTER_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-w", str(REPO_ROOT / "workspace.yaml")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Validation successful for code location photon" in result.stdout + result.stderr
