@@ -52,7 +52,8 @@ def choose_datacenters(layout: DataLayout, option: str | None) -> list[str]:
     chosen = [dc.strip() for dc in option.split(",") if dc.strip()]
     unknown = sorted(set(chosen) - set(available))
     if not chosen or unknown:
-        raise ValueError(f"--datacenters: unknown datacenter(s) {', '.join(unknown) or option!r} under {layout.logs}")
+        named = ", ".join(unknown) if unknown else repr(option)
+        raise ValueError(f"--datacenters: unknown datacenter(s) {named} under {layout.logs}")
     return chosen
 
 

@@ -18,7 +18,7 @@ from spark_ops.aggregates import aggregate_clicks
 from spark_ops.ingest import IngestStats, ingest_clicks
 from spark_ops.join import join_work_unit, load_adapter
 from spark_ops.parse import events, parse_ranges
-from spark_ops.tables import latest_snapshot, overwrite, read_table
+from spark_ops.tables import latest_snapshot, overwrite, read_table, row_count
 
 
 def pending_clicks(spark, tables: dict[str, str], dc: str):
@@ -82,7 +82,7 @@ def join_clicks(
         ).persist(StorageLevel.MEMORY_AND_DISK)
         ingest = ingest_clicks(parsed, config.dc, config.work_unit, tables)
         clicks = events(parsed)
-    phase("parse")
+    phase("parse_and_ledger")
     try:
         queries = read_table(session, "query_logs", tables["query_logs"]).where(F.col("dc") == config.dc)
         stats = join_work_unit(
@@ -100,7 +100,7 @@ def join_clicks(
     finally:
         if parsed is not None:
             parsed.unpersist()
-    phase("join")
+    phase("join_total")
     # The pending-retry sensor reads this to know whether this datacenter has clicks waiting.
     context.instance.add_run_tags(context.run_id, {TAG_PENDING: str(stats.pending)})
     common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
@@ -108,6 +108,7 @@ def join_clicks(
         asset_key="click_ledger",
         metadata={
             **common,
+            "dagster/row_count": row_count(session, tables["click_ledger"]),
             "click_lines": ingest.events,
             "quarantined_lines": ingest.quarantined,
             "bytes_read": ingest.bytes_read,
@@ -118,13 +119,19 @@ def join_clicks(
         asset_key="joined_clicks",
         metadata={
             **common,
-            **{f"clicks_{k}": v for k, v in stats.as_dict().items()},
+            "dagster/row_count": row_count(session, tables["joined_clicks"]),
+            **{f"clicks_{k}": v for k, v in stats.counts().items()},
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
-            **{f"phase_{k}_seconds": v for k, v in phases.items()},
+            **{f"phase_{k}_seconds": v for k, v in {**phases, **stats.phase_seconds}.items()},
         },
     )
     yield dg.MaterializeResult(
-        asset_key="unjoinable_clicks", metadata={**common, "clicks_added": stats.dropped_by_adapter}
+        asset_key="unjoinable_clicks",
+        metadata={
+            **common,
+            "dagster/row_count": row_count(session, tables["unjoinable_clicks"]),
+            "clicks_added": stats.dropped_by_adapter,
+        },
     )
 
 

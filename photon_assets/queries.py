@@ -12,6 +12,7 @@ from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from spark_ops.ingest import ingest_queries
 from spark_ops.parse import parse_ranges
+from spark_ops.tables import row_count
 
 
 @dg.multi_asset(
@@ -41,6 +42,7 @@ def ingest_query_logs(
 ):
     started = time.monotonic()
     session = spark.session()
+    tables = warehouse.tables()
     parsed = parse_ranges(
         session, "query", warehouse.stream_dir(config.dc, "query"), config.byte_ranges(), settings.max_line_bytes
     ).persist(StorageLevel.MEMORY_AND_DISK)
@@ -49,7 +51,7 @@ def ingest_query_logs(
             parsed,
             config.dc,
             config.work_unit,
-            warehouse.tables(),
+            tables,
             settings.log_file_map_every_seconds,
             settings.log_file_map_every_bytes,
         )
@@ -67,8 +69,16 @@ def ingest_query_logs(
         asset_key="query_logs",
         metadata={
             **common,
+            "dagster/row_count": row_count(session, tables["query_logs"]),
             "queries_added": stats.events,
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
         },
     )
-    yield dg.MaterializeResult(asset_key="log_file_map", metadata={**common, "entries_added": stats.map_entries})
+    yield dg.MaterializeResult(
+        asset_key="log_file_map",
+        metadata={
+            **common,
+            "dagster/row_count": row_count(session, tables["log_file_map"]),
+            "entries_added": stats.map_entries,
+        },
+    )

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib
 import shutil
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -56,9 +57,15 @@ class JoinStats:
     joined: int = 0
     dropped_by_adapter: int = 0
     refused: int = 0  # wasted joins: joined here, refused by the registry
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+    def counts(self) -> dict[str, int]:
+        return {k: v for k, v in asdict(self).items() if k != "phase_seconds"}
+
+    def timed(self, phase: str, started: float) -> float:
+        now = time.monotonic()
+        self.phase_seconds[phase] = round(now - started, 3)
+        return now
 
 
 def query_lookup_table(query_logs: DataFrame) -> DataFrame:
@@ -89,6 +96,7 @@ def join_work_unit(
 ) -> JoinStats:
     """`clicks`: parsed click events (any duplicates); `queries`: this datacenter's query_logs."""
     stats = JoinStats()
+    mark = time.monotonic()
     staging.mkdir(parents=True, exist_ok=True)
     held = []
 
@@ -99,6 +107,7 @@ def join_work_unit(
     try:
         clicks = keep(click_columns(clicks).dropDuplicates(["click_id"]))
         stats.clicks = clicks.count()
+        mark = stats.timed("dedupe", mark)
         if stats.clicks == 0:
             return stats
 
@@ -108,6 +117,7 @@ def join_work_unit(
         )
         taken = registered.where(F.col("token").isNull() | (F.col("token") != token)).select("click_id")
         candidates = clicks.join(taken, "click_id", "left_anti")
+        mark = stats.timed("lookup", mark)
 
         # 2. EventStore lookup. A query id may repeat in the logs (duplicate lines): one match each.
         pairs = keep(
@@ -119,6 +129,8 @@ def join_work_unit(
         schema = TABLE_SCHEMAS["joined_clicks"][0]
         adapted = keep(adapter(found).select(*[c for c in schema.fieldNames() if c in found.columns]))
         dropped = found.join(adapted.select("click_id"), "click_id", "left_anti").drop("query")
+        n_adapted = adapted.count()
+        mark = stats.timed("eventstore_and_adapter", mark)
 
         # 4. Conditional commit, one transaction for the batch.
         checkpoint("before_registry_commit")
@@ -126,6 +138,8 @@ def join_work_unit(
         winners = keep(
             unstage(spark, registry.commit(stage(resolved, staging / "commit_ids"), token), staging / "winners")
         )
+        n_winners = winners.count()
+        mark = stats.timed("registry_commit", mark)
         checkpoint("after_registry_commit")
 
         # 5. Output, keyed by click_id.
@@ -145,19 +159,20 @@ def join_work_unit(
             F.lit(token).alias("work_unit"),
         )
         insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id")
+        mark = stats.timed("write", mark)
         checkpoint("after_output_write")
 
         # 6. Output durable: the registry need not keep this token any more.
         registry.clear_tokens(token)
+        mark = stats.timed("clear_tokens", mark)
 
         n_pairs = pairs.count()
         stats.skipped_registered = stats.clicks - n_pairs
         stats.pending = pairs.where(F.col("query").isNull()).count()
-        n_adapted = adapted.count()
-        n_winners = winners.count()
         stats.joined = adapted.join(winners, "click_id", "left_semi").count()
         stats.dropped_by_adapter = (n_pairs - stats.pending) - n_adapted
         stats.refused = (n_adapted + stats.dropped_by_adapter) - n_winners
+        stats.timed("counts", mark)
         return stats
     finally:
         for df in held:

@@ -111,6 +111,11 @@ def read_table(spark: SparkSession, name: str, path: str) -> DataFrame:
     return spark.read.format("delta").load(path)
 
 
+def row_count(spark: SparkSession, path: str) -> int:
+    """Rows of a Delta table; answered from the log's file statistics, without a scan."""
+    return spark.read.format("delta").load(path).count()
+
+
 def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, DataFrame]:
     """The table's latest version and a DataFrame pinned to it."""
     ensure_table(spark, name, path)

@@ -65,12 +65,14 @@ def test_pipeline_through_assets_and_checks(data_dir):
         ingested = materialize(data_dir, instance, dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
                                unit("ingest_query_logs", "dc1.query.00000000", queries))
         assert metadata(ingested, "query_logs")["queries_added"] == 2
+        assert metadata(ingested, "query_logs")["dagster/row_count"] == 2
         assert metadata(ingested, "log_file_map")["entries_added"] >= 1
 
         retried = materialize(data_dir, instance, dg.AssetSelection.assets(
             "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates").without_checks(),
             unit("join_clicks", "dc1.pending.00000000", kind=PENDING))
         assert metadata(retried, "joined_clicks")["clicks_joined"] == 2
+        assert metadata(retried, "joined_clicks")["dagster/row_count"] == 2
         assert metadata(retried, "click_aggregates")["dagster/row_count"] == 1
 
         checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))

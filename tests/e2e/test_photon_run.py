@@ -1,0 +1,121 @@
+"""`photon run` end to end, in subprocesses, against the generator's ground truth."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from deltalake import DeltaTable
+
+from photon.layout import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+PHOTON = [sys.executable, "-m", "photon.cli"]
+
+
+def photon(*args, env_extra=None, timeout=900) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    if "PHOTON_FAULT" not in (env_extra or {}):
+        env.pop("PHOTON_FAULT", None)
+    return subprocess.run([*PHOTON, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run(data_dir, *extra, **kwargs) -> dict:
+    result = photon("run", "--data-dir", str(data_dir), "--until-idle", "--json", *extra, **kwargs)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def gen(data_dir, *extra) -> dict:
+    args = ["gen", "--data-dir", str(data_dir), "--queries", "2000", "--seed", "11", "--datacenters", "dc1,dc2", *extra]
+    result = photon(*args)
+    assert result.returncode == 0, result.stderr
+    return json.loads((data_dir / "gen_summary.json").read_text())
+
+
+def assert_matches_ground_truth(summary: dict, truth: dict):
+    assert summary["clicks_seen"] == truth["click_lines"]
+    assert summary["distinct_clicks"] == truth["distinct_click_ids"]
+    assert summary["duplicate_click_lines"] == truth["duplicate_click_lines"]
+    assert summary["clicks_joined"] == truth["joinable_clicks"]
+    assert summary["clicks_pending"] == truth["distinct_click_ids"] - truth["joinable_clicks"]
+    assert summary["clicks_unjoinable"] == 0
+    assert summary["quarantined_lines"] == truth["bad_lines"]
+    assert summary["failed_work_units"] == []
+    assert all(summary["verification"].values()), summary["verification"]
+
+
+@pytest.fixture(scope="module")
+def late_workload(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("late")
+    return data_dir, gen(data_dir, "--withhold-late")
+
+
+def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark):
+    data_dir, truth = late_workload
+    assert truth["withheld_late_query_events"] > 0 and truth["duplicate_click_lines"] > 0
+
+    # 1. Late queries withheld: their clicks stay pending; everything else is joined exactly once.
+    first = run(data_dir, "--datacenters", "dc1")
+    assert_matches_ground_truth(first, truth)
+    assert first["clicks_pending"] == len(truth["late_click_ids"]) + truth["orphan_clicks"]
+    assert {"clicks_seen", "distinct_clicks", "clicks_joined", "clicks_pending", "clicks_unjoinable",
+            "duplicate_click_lines", "quarantined_lines", "runs", "wall_seconds"} <= set(first)
+
+    # 2. The late query logs arrive: the pending clicks are retried and joined.
+    truth = gen(data_dir, "--only-late")
+    second = run(data_dir, "--datacenters", "dc1")
+    assert_matches_ground_truth(second, truth)
+    assert second["clicks_pending"] == truth["orphan_clicks"]
+    assert second["runs"] >= 2  # the late query work unit and the pending retry
+
+    joined_path = str(data_dir / "warehouse" / "joined_clicks")
+    version = DeltaTable(joined_path).version()
+
+    # 3. Again: nothing new, nothing added, not even a table version.
+    third = run(data_dir, "--datacenters", "dc1")
+    assert third["runs"] == 0 and third["clicks_joined"] == second["clicks_joined"]
+    assert DeltaTable(joined_path).version() == version
+
+    # 4. The second replica, same bytes: every click is already registered, nothing is added.
+    replica = run(data_dir, "--datacenters", "dc2")
+    assert replica["clicks_joined"] == second["clicks_joined"]
+    assert all(replica["verification"].values())
+
+    # The deltalake reader (an independent engine) agrees with Spark and with the invariants.
+    joined = DeltaTable(joined_path).to_pyarrow_table(columns=["click_id", "cost_micros", "joined_by_dc"])
+    ids = joined.column("click_id").to_pylist()
+    assert len(ids) == len(set(ids)) == truth["joinable_clicks"]
+    assert set(ids) == set(truth["joinable_click_ids"])
+    assert set(joined.column("joined_by_dc").to_pylist()) == {"dc1"}
+    assert spark.read.format("delta").load(joined_path).count() == len(ids)
+    aggregates = DeltaTable(str(data_dir / "warehouse" / "click_aggregates")).to_pyarrow_table()
+    assert sum(aggregates.column("clicks").to_pylist()) == len(ids)
+    assert sum(aggregates.column("cost_micros").to_pylist()) == sum(joined.column("cost_micros").to_pylist())
+    quarantine = DeltaTable(str(data_dir / "warehouse" / "quarantined_lines")).to_pyarrow_table()
+    assert quarantine.num_rows == 2 * truth["bad_lines"]  # both replicas' pipelines read them
+    assert all(quarantine.column("reason").to_pylist())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--data-dir", "/nonexistent/photon", "--until-idle"], "does not exist"),
+        (["run", "--data-dir", "."], "the following arguments are required: --until-idle"),
+        (["run", "--data-dir", ".", "--until-idle", "--timeout-seconds", "soon"], "invalid float value"),
+        (["gen", "--data-dir", "/tmp/x", "--queries", "-5"], "queries"),
+    ],
+)
+def test_bad_invocations_fail_with_one_line(args, message):
+    result = photon(*args, timeout=120)
+    assert result.returncode != 0
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr and result.stderr.startswith("photon: error:")
+
+
+def test_unknown_datacenter_is_one_line(late_workload):
+    data_dir, _ = late_workload
+    result = photon("run", "--data-dir", str(data_dir), "--until-idle", "--datacenters", "dc9", timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"photon: error: --datacenters: unknown datacenter(s) dc9 under {data_dir / 'logs'}")
