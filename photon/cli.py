@@ -67,10 +67,12 @@ def command_run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     log = logging.getLogger("photon")
     if not args.verbose:
-        logging.getLogger("dagster").setLevel(logging.WARNING)
-        logging.getLogger("py4j").setLevel(logging.WARNING)
+        for noisy in ("photon.sensors", "dagster", "py4j", "alembic"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        summary = run_until_idle(layout, datacenters, log, args.timeout_seconds)
+        summary = run_until_idle(
+            layout, datacenters, log, args.timeout_seconds, run_log_level="DEBUG" if args.verbose else "WARNING"
+        )
     except RunnerError as error:
         print(f"photon: error: {error}", file=sys.stderr)
         return 1

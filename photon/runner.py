@@ -13,6 +13,7 @@ materializations and check results of headless runs all show in the UI.
 import fcntl
 import logging
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -27,6 +28,9 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.sensor import execute_sensor_iteration
 
 from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, DataLayout
+from photon.summary import summarize
+from sensors.dispatcher import RUN_LOG_LEVEL_ENV
+from sensors.retries import UNFINISHED, work_units_awaiting_retry
 
 IDLE_PASSES = 2  # consecutive sensor passes that launch nothing before the pipeline counts as idle
 PASS_INTERVAL_SECONDS = 1.05  # just over the sensors' minimum interval, so each pass ticks each one
@@ -42,8 +46,8 @@ concurrency:
     max_concurrent_runs: 2
     tag_concurrency_limits:
       # The embedded registry is a DuckDB file that one process at a time may hold.
-      - key: photon/stream
-        value: click
+      - key: photon/uses_registry
+        value: "true"
         limit: 1
 telemetry:
   enabled: false
@@ -74,8 +78,9 @@ def exclusive(layout: DataLayout):
         yield
 
 
-def prepare_environment(layout: DataLayout, datacenters: list[str]) -> None:
+def prepare_environment(layout: DataLayout, datacenters: list[str], run_log_level: str) -> None:
     os.environ[DATA_DIR_ENV] = str(layout.root)
+    os.environ[RUN_LOG_LEVEL_ENV] = run_log_level
     os.environ[DATACENTERS_ENV] = ",".join(datacenters)
     os.environ["DAGSTER_HOME"] = str(layout.dagster_home)
     layout.dagster_home.mkdir(parents=True, exist_ok=True)
@@ -91,14 +96,7 @@ def headless_instance(layout: DataLayout) -> dg.DagsterInstance:
 def fail_orphaned_runs(instance: dg.DagsterInstance) -> int:
     """Runs left unfinished by a process that died (we hold the lock, so none is alive): mark them
     failed, so that the dispatchers retry their work units."""
-    unfinished = [
-        dg.DagsterRunStatus.NOT_STARTED,
-        dg.DagsterRunStatus.QUEUED,
-        dg.DagsterRunStatus.STARTING,
-        dg.DagsterRunStatus.STARTED,
-        dg.DagsterRunStatus.CANCELING,
-    ]
-    orphans = instance.get_runs(dg.RunsFilter(statuses=unfinished))
+    orphans = instance.get_runs(dg.RunsFilter(statuses=[*UNFINISHED, dg.DagsterRunStatus.CANCELING]))
     for run in orphans:
         instance.report_run_failed(run, "the photon run process executing it died")
     return len(orphans)
@@ -125,24 +123,21 @@ def remote_sensors(context: WorkspaceProcessContext) -> list:
     return sensors
 
 
-def run_count(instance: dg.DagsterInstance) -> int:
-    return instance.get_runs_count()
-
-
-def run_until_idle(layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float) -> dict:
+def run_until_idle(
+    layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING"
+) -> dict:
     """Ticks every dispatcher until a pass launches nothing twice in a row and no failed work unit
     waits for a retry; then verifies the output and returns the summary."""
-    from photon.summary import summarize
-    from sensors.retries import work_units_awaiting_retry
-
     started = time.monotonic()
-    prepare_environment(layout, datacenters)
+    prepare_environment(layout, datacenters, run_log_level)
     with exclusive(layout):
         instance = headless_instance(layout)
         orphans = fail_orphaned_runs(instance)
         if orphans:
             log.warning("marked %d run(s) of a dead process as failed; their work units will be retried", orphans)
-        first_run = run_count(instance)
+        # Hand-off files of runs that died with their process (none is alive: we hold the lock).
+        shutil.rmtree(layout.staging, ignore_errors=True)
+        first_run = instance.get_runs_count()
         with workspace(instance) as context:
             sensors = remote_sensors(context)
             for sensor in sensors:
@@ -153,19 +148,22 @@ def run_until_idle(layout: DataLayout, datacenters: list[str], log: logging.Logg
                     if time.monotonic() - started > timeout_seconds:
                         raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
                     pass_started = time.monotonic()
-                    before = run_count(instance)
-                    for _ in execute_sensor_iteration(context, log, threadpool_executor=None, submit_threadpool_executor=None):
+                    before = instance.get_runs_count()
+                    ticks = execute_sensor_iteration(
+                        context, log.getChild("sensors"), threadpool_executor=None, submit_threadpool_executor=None
+                    )
+                    for _ in ticks:
                         pass
-                    launched = run_count(instance) - before
+                    launched = instance.get_runs_count() - before
                     waiting = work_units_awaiting_retry(instance)
                     idle = idle + 1 if launched == 0 and not waiting else 0
                     if launched:
-                        log.info("pass launched %d run(s); %d run(s) so far", launched, run_count(instance) - first_run)
+                        log.info("pass launched %d run(s); %d run(s) so far", launched, instance.get_runs_count() - first_run)
                     time.sleep(max(0.0, PASS_INTERVAL_SECONDS - (time.monotonic() - pass_started)))
             finally:
                 for sensor in sensors:
                     instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
-        runs = run_count(instance) - first_run
+        runs = instance.get_runs_count() - first_run
         verification = verify(instance)
         summary = summarize(layout, datacenters, instance)
     summary.update(runs=runs, verification=verification, wall_seconds=round(time.monotonic() - started, 2))
@@ -174,9 +172,14 @@ def run_until_idle(layout: DataLayout, datacenters: list[str], log: logging.Logg
 
 def verify(instance: dg.DagsterInstance) -> dict[str, bool]:
     """Runs the `verify` job (every asset check) as a recorded run of the instance."""
-    from definitions import defs
+    from definitions import defs  # only now: it reads the data directory from the environment
 
-    result = defs.get_job_def("verify").execute_in_process(instance=instance, raise_on_error=False, tags={"photon/kind": "verify"})
+    result = defs.resolve_job_def("verify").execute_in_process(
+        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
+        instance=instance,
+        raise_on_error=False,
+        tags={"photon/kind": "verify"},
+    )
     return {
         evaluation.check_name: evaluation.passed
         for evaluation in result.get_asset_check_evaluations()

@@ -6,23 +6,11 @@ import dagster as dg
 from pyspark.sql import functions as F
 
 from photon.layout import TABLES, DataLayout
-from photon_assets.work_unit import TAG_WORK_UNIT
 from resources.registry import embedded_registry
-from resources.settings import PipelineSettings
 from resources.spark import delta_session
-from sensors.retries import _failed_latest_attempts
+from sensors.retries import work_units_failed_for_good
 from spark_ops.handoff import unstage
 from spark_ops.tables import read_table
-
-
-def failed_for_good(instance: dg.DagsterInstance) -> list[str]:
-    max_attempts = PipelineSettings().max_attempts
-    records = _failed_latest_attempts(instance, dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
-    return sorted(
-        r.dagster_run.tags[TAG_WORK_UNIT]
-        for r in records
-        if int(r.dagster_run.tags.get("photon/attempt", "1")) >= max_attempts
-    )
 
 
 def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance) -> dict:
@@ -47,7 +35,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
             "quarantined_lines": read_table(spark, "quarantined_lines", tables["quarantined_lines"]).where(in_scope).count(),
             "queries_ingested": read_table(spark, "query_logs", tables["query_logs"]).where(in_scope).count(),
             "datacenters": datacenters,
-            "failed_work_units": failed_for_good(instance),
+            "failed_work_units": sorted(work_units_failed_for_good(instance)),
         }
     finally:
         ledger.unpersist()

@@ -12,33 +12,13 @@ import dagster as dg
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from photon_assets.work_unit import TAG_WORK_UNIT
 from resources.registry import IdRegistryResource
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
+from sensors.retries import work_units_in_flight
 from spark_ops.aggregates import aggregate_clicks
 from spark_ops.handoff import unstage
 from spark_ops.tables import read_table
-
-UNFINISHED = [
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
-
-
-def work_units_in_flight(instance: dg.DagsterInstance) -> set[str]:
-    """Work units with a run not finished, or whose latest attempt failed (a retry will follow)."""
-    from sensors.retries import work_units_awaiting_retry
-
-    running = {
-        run.tags[TAG_WORK_UNIT]
-        for run in instance.get_runs(dg.RunsFilter(statuses=UNFINISHED))
-        if TAG_WORK_UNIT in run.tags
-    }
-    return running | work_units_awaiting_retry(instance)
-
 
 def _ids(df: DataFrame) -> DataFrame:
     return df.select("click_id").distinct()

@@ -74,16 +74,16 @@ def join_clicks(
     tables = warehouse.tables()
     ingest = IngestStats()
     parsed = None
-    if config.kind == PENDING:
-        clicks = pending_clicks(session, tables, config.dc).drop("dc", "work_unit", "file", "offset", "length")
-    else:
-        parsed = parse_ranges(
-            session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
-        ).persist(StorageLevel.MEMORY_AND_DISK)
-        ingest = ingest_clicks(parsed, config.dc, config.work_unit, tables)
-        clicks = events(parsed)
-    phase("parse_and_ledger")
     try:
+        if config.kind == PENDING:
+            clicks = pending_clicks(session, tables, config.dc).drop("dc", "work_unit", "file", "offset", "length")
+        else:
+            parsed = parse_ranges(
+                session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
+            ).persist(StorageLevel.MEMORY_AND_DISK)
+            ingest = ingest_clicks(parsed, config.dc, config.work_unit, tables)
+            clicks = events(parsed)
+        phase("parse_and_ledger")
         queries = read_table(session, "query_logs", tables["query_logs"]).where(F.col("dc") == config.dc)
         stats = join_work_unit(
             session,

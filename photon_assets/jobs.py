@@ -12,6 +12,9 @@ from photon_assets.checks import ALL_CHECKS
 INGEST_QUERIES_JOB = "ingest_queries"
 JOIN_CLICKS_JOB = "join_clicks_job"
 VERIFY_JOB = "verify"
+# Runs of these jobs open the embedded registry, a DuckDB file that one process at a time may hold:
+# under the daemon, dagster.yaml allows one such run at a time (see photon/runner.py).
+REGISTRY_TAGS = {"photon/uses_registry": "true"}
 
 ingest_queries_job = dg.define_asset_job(
     INGEST_QUERIES_JOB,
@@ -26,6 +29,7 @@ join_clicks_job = dg.define_asset_job(
         "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates"
     ).without_checks(),
     executor_def=dg.in_process_executor,
+    tags=REGISTRY_TAGS,
     description="Join one work unit of clicks (new log bytes, or pending clicks) exactly once.",
 )
 
@@ -33,5 +37,6 @@ verify_job = dg.define_asset_job(
     VERIFY_JOB,
     selection=dg.AssetSelection.checks(*ALL_CHECKS),
     executor_def=dg.in_process_executor,
+    tags=REGISTRY_TAGS,
     description="Run every invariant check over the output tables and the registry.",
 )

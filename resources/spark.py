@@ -48,6 +48,8 @@ def delta_session(
             return active
         # Python workers must run this interpreter (the project's venv); pyspark reads the variable.
         os.environ["PYSPARK_PYTHON"] = sys.executable
+        # A local session talks to itself only: keep the driver on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (
             SparkSession.builder.master(master)
             .appName("photon")
@@ -55,6 +57,8 @@ def delta_session(
             .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
             .config("spark.driver.memory", driver_memory)
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
             .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
             .config("spark.default.parallelism", str(shuffle_partitions))
             .config("spark.sql.session.timeZone", "UTC")

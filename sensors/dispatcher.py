@@ -11,6 +11,7 @@ units under the same run keys (which the daemon de-duplicates).
 
 
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from sensors.retries import plan_retries
 from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, new_ranges
 
 CURSOR_VERSION = 1
+# Level of a run's console log (its events are stored in the instance whatever the level).
+RUN_LOG_LEVEL_ENV = "PHOTON_RUN_LOG_LEVEL"
 MIN_INTERVAL_SECONDS = 1  # the daemon ticks at most every 5 s anyway; `photon run` ticks faster
 JOBS = {"query": (INGEST_QUERIES_JOB, "ingest_query_logs"), "click": (JOIN_CLICKS_JOB, "join_clicks")}
 
@@ -57,7 +60,10 @@ def work_unit_request(dc: str, stream: str, kind: str, unit_id: str, ranges) -> 
     return dg.RunRequest(
         run_key=unit_id,
         job_name=job_name,
-        run_config={"ops": {op_name: {"config": config}}},
+        run_config={
+            "ops": {op_name: {"config": config}},
+            "loggers": {"console": {"config": {"log_level": os.environ.get(RUN_LOG_LEVEL_ENV, "INFO")}}},
+        },
         tags={TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: kind, TAG_WORK_UNIT: unit_id, TAG_ATTEMPT: "1"},
     )
 

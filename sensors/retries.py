@@ -81,12 +81,31 @@ def plan_retries(
     return plan
 
 
-def work_units_awaiting_retry(instance: dg.DagsterInstance) -> set[str]:
-    """Work units whose latest attempt failed and that will be retried (not exhausted)."""
+def _failed_work_units(instance: dg.DagsterInstance, exhausted: bool) -> set[str]:
     max_attempts = PipelineSettings().max_attempts
     records = _failed_latest_attempts(instance, dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
     return {
         r.dagster_run.tags[TAG_WORK_UNIT]
         for r in records
-        if int(r.dagster_run.tags.get(TAG_ATTEMPT, "1")) < max_attempts
+        if (int(r.dagster_run.tags.get(TAG_ATTEMPT, "1")) >= max_attempts) == exhausted
     }
+
+
+def work_units_awaiting_retry(instance: dg.DagsterInstance) -> set[str]:
+    """Work units whose latest attempt failed and that will be retried."""
+    return _failed_work_units(instance, exhausted=False)
+
+
+def work_units_failed_for_good(instance: dg.DagsterInstance) -> set[str]:
+    """Work units that failed max_attempts times: their clicks need a human (or recovery)."""
+    return _failed_work_units(instance, exhausted=True)
+
+
+def work_units_in_flight(instance: dg.DagsterInstance) -> set[str]:
+    """Work units with a run not finished, or whose latest attempt failed (a retry will follow)."""
+    running = {
+        run.tags[TAG_WORK_UNIT]
+        for run in instance.get_runs(dg.RunsFilter(statuses=list(UNFINISHED)))
+        if TAG_WORK_UNIT in run.tags
+    }
+    return running | work_units_awaiting_retry(instance)
