@@ -32,7 +32,7 @@ defs = dg.Definitions(
     sensors=[
         sensor
         for dc in datacenters
-        for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir), pending_dispatcher(dc))
+        for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir), pending_dispatcher(dc, data_dir))
     ],
     resources={
         "spark": SparkResource(),

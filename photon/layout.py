@@ -45,6 +45,12 @@ class DataLayout:
     def dispatcher_state(self) -> Path:
         return self.root / "state" / "dispatcher"
 
+    def query_progress_file(self, dc: str) -> Path:
+        return self.root / "state" / "streams" / dc / "query_progress.json"
+
+    def pending_digest_file(self, dc: str) -> Path:
+        return self.root / "state" / "streams" / dc / "pending_clicks.json"
+
     @property
     def staging(self) -> Path:
         return self.root / "staging"
@@ -67,6 +73,7 @@ TABLES = (
     "query_logs",
     "log_file_map",
     "click_ledger",
+    "pending_clicks",
     "joined_clicks",
     "unjoinable_clicks",
     "click_aggregates",

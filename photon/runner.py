@@ -11,6 +11,7 @@ materializations and check results of headless runs all show in the UI.
 """
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -29,8 +30,10 @@ from dagster._daemon.sensor import execute_sensor_iteration
 
 from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, DataLayout
 from photon.summary import summarize
-from sensors.dispatcher import RUN_LOG_LEVEL_ENV
-from sensors.retries import UNFINISHED, work_units_awaiting_retry
+from resources.settings import PipelineSettings
+from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
+from photon_assets.work_unit import PENDING
+from sensors.retries import UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
 
 IDLE_PASSES = 2  # consecutive sensor passes that launch nothing before the pipeline counts as idle
 PASS_INTERVAL_SECONDS = 1.05  # just over the sensors' minimum interval, so each pass ticks each one
@@ -155,7 +158,9 @@ def run_until_idle(
                     for _ in ticks:
                         pass
                     launched = instance.get_runs_count() - before
-                    waiting = work_units_awaiting_retry(instance)
+                    waiting = work_units_awaiting_retry(instance) or dispatchers_waiting(
+                        instance, sensors, layout, datacenters
+                    )
                     idle = idle + 1 if launched == 0 and not waiting else 0
                     if launched:
                         log.info("pass launched %d run(s); %d run(s) so far", launched, instance.get_runs_count() - first_run)
@@ -168,6 +173,26 @@ def run_until_idle(
         summary = summarize(layout, datacenters, instance)
     summary.update(runs=runs, verification=verification, wall_seconds=round(time.monotonic() - started, 2))
     return summary
+
+
+def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: DataLayout, datacenters: list[str]) -> list[str]:
+    """Work the sensors will launch without any new input: click work held back by pacing, and
+    pending clicks joinable with the data present once their retry backoff is over."""
+    settings = PipelineSettings()
+    waiting = []
+    for sensor in sensors:
+        state = instance.get_instigator_state(sensor.get_remote_origin_id(), sensor.selector_id)
+        cursor = state.instigator_data.cursor if state and state.instigator_data else None
+        if cursor and json.loads(cursor).get("held_since") is not None:
+            waiting.append(f"{sensor.name}: pacing")
+    given_up = work_units_failed_for_good(instance)
+    for dc in datacenters:
+        if any(unit.startswith(f"{dc}.{PENDING}.") for unit in given_up):
+            continue  # reported in the summary; retrying more pending clicks would fail the same way
+        decision = pending_retry(layout, dc, settings)
+        if decision.ready or decision.wait_until is not None:
+            waiting.append(f"{dc}: {decision.reason}")
+    return waiting
 
 
 def verify(instance: dg.DagsterInstance) -> dict[str, bool]:

@@ -14,18 +14,36 @@ from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
+from sensors.stream_state import QueryProgress
 from spark_ops.aggregates import aggregate_clicks
+from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
 from spark_ops.join import join_work_unit, load_adapter
 from spark_ops.parse import events, parse_ranges
+from spark_ops.pending import PendingPolicy
 from spark_ops.tables import latest_snapshot, overwrite, read_table, row_count
 
 
-def pending_clicks(spark, tables: dict[str, str], dc: str):
-    """Every click this datacenter has read; the join skips those already registered, so what
-    remains are the clicks still waiting for their query."""
-    ledger = read_table(spark, "click_ledger", tables["click_ledger"])
-    return ledger.where(F.col("dc") == dc)
+def pending_policy(progress: QueryProgress, settings: PipelineSettings) -> PendingPolicy:
+    return PendingPolicy(
+        progress=progress,
+        unjoinable_after_seconds=settings.unjoinable_after_seconds,
+        min_attempts=settings.unjoinable_min_attempts,
+        backoff_seconds=settings.pending_backoff_seconds,
+        backoff_max_seconds=settings.pending_backoff_max_seconds,
+    )
+
+
+def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, dc: str, settings: PipelineSettings):
+    in_dc = F.col("dc") == dc
+    return EventStore(
+        cache=read_table(session, "query_logs", tables["query_logs"]).where(in_dc),
+        log_file_map=read_table(session, "log_file_map", tables["log_file_map"]).where(in_dc),
+        query_dir=warehouse.stream_dir(dc, "query"),
+        map_every_seconds=settings.log_file_map_every_seconds,
+        map_every_bytes=settings.log_file_map_every_bytes,
+        max_line_bytes=settings.max_line_bytes,
+    )
 
 
 @dg.multi_asset(
@@ -74,9 +92,12 @@ def join_clicks(
     tables = warehouse.tables()
     ingest = IngestStats()
     parsed = None
+    # Read before the EventStore's tables: the progress never claims more than they hold.
+    policy = pending_policy(QueryProgress.load(warehouse.layout.query_progress_file(config.dc)), settings)
     try:
         if config.kind == PENDING:
-            clicks = pending_clicks(session, tables, config.dc).drop("dc", "work_unit", "file", "offset", "length")
+            waiting = read_table(session, "pending_clicks", tables["pending_clicks"]).where(F.col("dc") == config.dc)
+            clicks = policy.due(waiting)
         else:
             parsed = parse_ranges(
                 session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
@@ -84,25 +105,29 @@ def join_clicks(
             ingest = ingest_clicks(parsed, config.dc, config.work_unit, tables)
             clicks = events(parsed)
         phase("parse_and_ledger")
-        queries = read_table(session, "query_logs", tables["query_logs"]).where(F.col("dc") == config.dc)
         stats = join_work_unit(
             session,
             clicks,
-            queries,
+            event_store(session, tables, warehouse, config.dc, settings),
             registry.get(),
             config.token,
             config.dc,
             warehouse.staging_dir(config.work_unit, config.attempt),
             tables,
-            load_adapter(settings.adapter),
+            policy,
+            retrying_pending=config.kind == PENDING,
+            adapter=load_adapter(settings.adapter),
             checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
         )
     finally:
         if parsed is not None:
             parsed.unpersist()
     phase("join_total")
+    digest = policy.digest(session, tables["pending_clicks"], config.dc)
+    digest.save(warehouse.layout.pending_digest_file(config.dc))
+    phase("pending_digest")
     # The pending-retry sensor reads this to know whether this datacenter has clicks waiting.
-    context.instance.add_run_tags(context.run_id, {TAG_PENDING: str(stats.pending)})
+    context.instance.add_run_tags(context.run_id, {TAG_PENDING: str(digest.pending)})
     common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
     yield dg.MaterializeResult(
         asset_key="click_ledger",
@@ -120,7 +145,13 @@ def join_clicks(
         metadata={
             **common,
             "dagster/row_count": row_count(session, tables["joined_clicks"]),
-            **{f"clicks_{k}": v for k, v in stats.counts().items()},
+            **{f"clicks_{k}": v for k, v in stats.counts().items() if not k.startswith(("cache_", "logs_", "not_"))},
+            **{f"eventstore_{k}": v for k, v in stats.counts().items() if k.startswith(("cache_", "logs_", "not_"))},
+            "eventstore_cache_hit_ratio": dg.FloatMetadataValue(
+                stats.cache_hits / (stats.cache_hits + stats.logs_hits + stats.not_found)
+                if stats.cache_hits + stats.logs_hits + stats.not_found else None
+            ),
+            "pending_clicks_in_dc": digest.pending,
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
             **{f"phase_{k}_seconds": v for k, v in {**phases, **stats.phase_seconds}.items()},
         },
@@ -130,7 +161,7 @@ def join_clicks(
         metadata={
             **common,
             "dagster/row_count": row_count(session, tables["unjoinable_clicks"]),
-            "clicks_added": stats.dropped_by_adapter,
+            "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old,
         },
     )
 

@@ -10,9 +10,19 @@ from photon_assets.work_unit import WorkUnitConfig
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from spark_ops.ingest import ingest_queries
+from sensors.stream_state import QueryProgress, WriterProgress
+from spark_ops.event_store import evict_from_cache
+from spark_ops.ingest import ingest_queries, writer_progress
 from spark_ops.parse import parse_ranges
 from spark_ops.tables import row_count
+
+
+def cache_boundary_us(progress_ts: int | None, retention_seconds: float) -> int | None:
+    """Oldest event time the cache tier keeps: the query stream's progress minus the retention.
+    Progress is capped at the wall clock, so a bogus future timestamp cannot empty the cache."""
+    if progress_ts is None:
+        return None
+    return min(progress_ts, time.time_ns() // 1000) - int(retention_seconds * 1_000_000)
 
 
 @dg.multi_asset(
@@ -46,7 +56,11 @@ def ingest_query_logs(
     parsed = parse_ranges(
         session, "query", warehouse.stream_dir(config.dc, "query"), config.byte_ranges(), settings.max_line_bytes
     ).persist(StorageLevel.MEMORY_AND_DISK)
+    progress_file = warehouse.layout.query_progress_file(config.dc)
     try:
+        writers = writer_progress(parsed)
+        newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for ts, _ in writers.values())], default=0)
+        boundary = cache_boundary_us(newest or None, settings.query_cache_retention_seconds)
         stats = ingest_queries(
             parsed,
             config.dc,
@@ -54,9 +68,17 @@ def ingest_query_logs(
             tables,
             settings.log_file_map_every_seconds,
             settings.log_file_map_every_bytes,
+            cache_since_us=boundary,
         )
     finally:
         parsed.unpersist()
+    # Only after the appends: a click run that reads this progress finds these queries in a table.
+    QueryProgress.merge(progress_file, {w: WriterProgress(ts, files) for w, (ts, files) in writers.items()})
+    evicted = 0
+    if boundary is not None:
+        evicted = evict_from_cache(
+            session, tables["query_logs"], config.dc, boundary, settings.query_cache_vacuum_retain_hours
+        )
     lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
     common = {
         "dc": config.dc,
@@ -71,6 +93,8 @@ def ingest_query_logs(
             **common,
             "dagster/row_count": row_count(session, tables["query_logs"]),
             "queries_added": stats.events,
+            "queries_evicted": evicted,
+            **({"cache_since_us": boundary} if boundary is not None else {}),
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
         },
     )

@@ -79,13 +79,16 @@ class EmbeddedIdRegistry(IdRegistry):
         self._transactions = 0
         self._ids_committed = 0
 
-    def lookup(self, ids: ArrowSource) -> pa.RecordBatchReader:
+    def for_executors(self):
+        return None
+
+    def lookup(self, ids: ArrowSource) -> pa.Table:
         cur = self._con.cursor()
         cur.register("lookup_ids", ids)
         return cur.sql(
-            "SELECT r.click_id, r.token FROM registered_ids r "
+            "SELECT r.click_id, r.token, 'registered' AS status FROM registered_ids r "
             "SEMI JOIN lookup_ids l ON r.click_id = l.click_id"
-        ).to_arrow_reader()
+        ).to_arrow_table()
 
     def commit(self, events: ArrowSource, token: str) -> pa.RecordBatchReader:
         cur = self._con.cursor()
@@ -115,7 +118,10 @@ class EmbeddedIdRegistry(IdRegistry):
             self._transactions += 1
         n = cur.sql("SELECT count(*) FROM batch").fetchall()[0][0]
         self._ids_committed += n
-        return cur.sql("SELECT click_id FROM winners").to_arrow_reader()
+        return cur.sql(
+            "SELECT b.click_id, CASE WHEN w.click_id IS NULL THEN 'refused' ELSE 'held' END AS status "
+            "FROM batch b LEFT JOIN winners w USING (click_id)"
+        ).to_arrow_table()
 
     def clear_tokens(self, token: str) -> int:
         with self._write_lock:

@@ -21,3 +21,21 @@ class PipelineSettings(dg.ConfigurableResource):
     retry_backoff_seconds: float = 2.0
     retry_backoff_max_seconds: float = 300.0
     max_attempts: int = 8
+    # EventStore cache tier (Photon §3.4.1): query_logs keeps this much event time of queries behind
+    # the newest one; older queries are found through log_file_map in the raw logs. Files the
+    # eviction rewrote are deleted once no run can still be reading them.
+    query_cache_retention_seconds: float = 3600.0
+    query_cache_vacuum_retain_hours: float = 0.25
+    # Pending clicks (Photon §3.2.1): retried only when query data that could hold their query has
+    # arrived, and no sooner than base * 2^(attempts-1) seconds after the last attempt.
+    pending_backoff_seconds: float = 2.0
+    pending_backoff_max_seconds: float = 600.0
+    # A pending click becomes unjoinable once it is this far (event time) behind the query stream's
+    # progress and has been looked up at least this many times.
+    unjoinable_after_seconds: float = 86400.0
+    unjoinable_min_attempts: int = 2
+    # Pacing (Facebook §5.2): click work waits while it is ahead of the query logs by more than the
+    # margin, for at most max_hold (a stalled query stream must not stop clicks for good); 0 turns
+    # pacing off.
+    pacing_margin_seconds: float = 300.0
+    pacing_max_hold_seconds: float = 600.0

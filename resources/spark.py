@@ -68,6 +68,9 @@ def delta_session(
             .config("spark.databricks.delta.snapshotPartitions", "2")
             .config("spark.databricks.delta.stats.collect", "true")
             .config("spark.sql.adaptive.enabled", "true")
+            # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's
+            # 7-day default; click runs never read snapshots older than that.
+            .config("spark.databricks.delta.retentionDurationCheck.enabled", "false")
         )
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")

@@ -12,7 +12,8 @@ units under the same run keys (which the daemon de-duplicates).
 
 import json
 import os
-from datetime import datetime, timezone
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -25,12 +26,12 @@ from photon_assets.work_unit import (
     TAG_ATTEMPT,
     TAG_DC,
     TAG_KIND,
-    TAG_PENDING,
     TAG_STREAM,
     TAG_WORK_UNIT,
 )
 from resources.settings import PipelineSettings
-from sensors.retries import plan_retries
+from sensors.retries import plan_retries, work_units_failed_for_good, work_units_in_flight
+from sensors.stream_state import PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
 from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, new_ranges
 
 CURSOR_VERSION = 1
@@ -68,14 +69,53 @@ def work_unit_request(dc: str, stream: str, kind: str, unit_id: str, ranges) -> 
     )
 
 
-def dispatch_new_bytes(layout: DataLayout, dc: str, stream: str, max_bytes: int) -> WorkUnitLog:
-    """Cuts the complete lines that arrived since the last work unit into new work units, and
-    records them durably."""
-    log = WorkUnitLog.load(layout.dispatcher_state / dc / f"{stream}.jsonl")
-    stream_dir = layout.stream_dir(dc, stream)
-    ranges = new_ranges(stream_dir, log.next_offsets())
-    log.append(cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units)))
-    return log
+def earliest_timestamp_us(stream_dir: Path, ranges: list[tuple[str, int, int]], max_line_bytes: int) -> int | None:
+    """Event time of the oldest new line: the first line of each new range (a writer logs in
+    timestamp order). Lines that do not parse are left to the parser's quarantine."""
+    earliest = None
+    for file, start, _ in ranges:
+        with open(stream_dir / file, "rb") as f:
+            f.seek(start)
+            line = f.readline(max_line_bytes)
+        try:
+            ts = int(json.loads(line)["timestamp_us"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        earliest = ts if earliest is None else min(earliest, ts)
+    return earliest
+
+
+@dataclass(frozen=True)
+class Pacing:
+    hold: bool
+    reason: str = ""
+    ahead_seconds: float | None = None
+
+
+def pace_clicks(
+    layout: DataLayout, dc: str, ranges: list[tuple[str, int, int]], held_since: float | None,
+    settings: PipelineSettings, now: float,
+) -> Pacing:
+    """Stream synchronisation (Facebook §5.2): click work waits while even its oldest new click is
+    ahead of the query logs' progress by more than the margin, for at most `pacing_max_hold_seconds`."""
+    if not ranges or settings.pacing_max_hold_seconds <= 0:
+        return Pacing(False)
+    click_ts = earliest_timestamp_us(layout.stream_dir(dc, "click"), ranges, settings.max_line_bytes)
+    query_ts = QueryProgress.load(layout.query_progress_file(dc)).max_ts
+    if click_ts is None:
+        return Pacing(False)
+    ahead = None if query_ts is None else (click_ts - query_ts) / 1e6
+    if ahead is not None and ahead <= settings.pacing_margin_seconds:
+        return Pacing(False)
+    if held_since is not None and now - held_since >= settings.pacing_max_hold_seconds:
+        return Pacing(False, f"released after holding {now - held_since:.0f} s: the query logs are stalled", ahead)
+    behind = "have no queries yet" if ahead is None else f"are {ahead:.0f} s behind"
+    return Pacing(
+        True,
+        f"pacing: the query logs of {dc} {behind} the new clicks (margin {settings.pacing_margin_seconds:.0f} s); "
+        "holding click work back",
+        ahead,
+    )
 
 
 def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
@@ -87,86 +127,103 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         minimum_interval_seconds=MIN_INTERVAL_SECONDS,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=f"Tails logs/{dc}/{stream}/: new complete lines become work units (one run each); "
-        "failed work units are retried under a new run key with backoff.",
+        "failed work units are retried under a new run key with backoff."
+        + (" Click work is held back while the query logs lag (pacing)." if stream == "click" else ""),
     )
     def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
-        cursor = read_cursor(context.cursor, requested=0)
+        cursor = read_cursor(context.cursor, requested=0, held_since=None, paced_ticks=0)
+        layout = DataLayout(Path(data_dir))
         max_bytes = settings.query_work_unit_bytes if stream == "query" else settings.click_work_unit_bytes
-        log = dispatch_new_bytes(DataLayout(Path(data_dir)), dc, stream, max_bytes)
+        log = WorkUnitLog.load(layout.dispatcher_state / dc / f"{stream}.jsonl")
+        stream_dir = layout.stream_dir(dc, stream)
+        ranges = new_ranges(stream_dir, log.next_offsets())
+        now = time.time()
+        pacing = pace_clicks(layout, dc, ranges, cursor["held_since"], settings, now) if stream == "click" else Pacing(False)
+        observations = []
+        if pacing.hold:
+            if cursor["held_since"] is None:
+                context.log.warning(pacing.reason)
+                observations.append(pacing_observation(dc, True, pacing.ahead_seconds, 0.0))
+                cursor["held_since"] = now
+            cursor["paced_ticks"] += 1
+        else:
+            if cursor["held_since"] is not None:
+                held = now - cursor["held_since"]
+                context.log.info(f"pacing: click work of {dc} released after {held:.0f} s. {pacing.reason}")
+                observations.append(pacing_observation(dc, False, pacing.ahead_seconds, held))
+                cursor["held_since"] = None
+            # Recorded durably before any run is requested: a crash in between re-requests the same units.
+            log.append(cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units)))
         fresh: list[WorkUnit] = log.units[cursor["requested"]:]
         requests = [work_unit_request(dc, stream, LOG_RANGES, u.id, u.ranges) for u in fresh]
         retries = plan_retries(context.instance, job_name, dc, settings)
-        requests += [r for r in retries.run_requests if r.tags.get(TAG_STREAM) == stream]
+        requests += retries.run_requests
         if retries.exhausted:
             context.log.error(f"work units failed {settings.max_attempts} times: {retries.exhausted}")
         skip = None
         if not requests:
-            skip = f"no new complete lines in logs/{dc}/{stream}/"
+            skip = pacing.reason if pacing.hold else f"no new complete lines in logs/{dc}/{stream}/"
             if retries.waiting:
                 skip += f"; {len(retries.waiting)} failed work unit(s) waiting for their retry backoff"
         return dg.SensorResult(
             run_requests=requests,
-            cursor=write_cursor({"requested": len(log.units)}),
+            cursor=write_cursor({**cursor, "requested": len(log.units)}),
             skip_reason=skip,
+            asset_events=observations,
         )
 
     return _dispatcher
 
 
-def _latest_success(instance: dg.DagsterInstance, filters: dg.RunsFilter) -> dg.RunRecord | None:
-    records = instance.get_run_records(filters, limit=1)
-    return records[0] if records else None
-
-
-def has_pending_clicks(instance: dg.DagsterInstance, dc: str) -> bool:
-    """Whether this datacenter has clicks waiting: what the last pending retry left, plus what click
-    work units finished since then left."""
-    success = [dg.DagsterRunStatus.SUCCESS]
-    last_retry = _latest_success(
-        instance, dg.RunsFilter(job_name=JOIN_CLICKS_JOB, statuses=success, tags={TAG_DC: dc, TAG_KIND: PENDING})
-    )
-    if last_retry is not None and int(last_retry.dagster_run.tags.get(TAG_PENDING, "0")) > 0:
-        return True
-    since = last_retry.start_time if last_retry is not None else None
-    filters = dg.RunsFilter(
-        job_name=JOIN_CLICKS_JOB,
-        statuses=success,
-        tags={TAG_DC: dc, TAG_KIND: LOG_RANGES},
-        updated_after=None if since is None else datetime.fromtimestamp(since, tz=timezone.utc),
-    )
-    return any(int(r.dagster_run.tags.get(TAG_PENDING, "0")) > 0 for r in instance.get_run_records(filters))
-
-
-def query_progress(instance: dg.DagsterInstance, dc: str) -> int:
-    """How many query work units this datacenter has ingested: grows whenever new query data lands."""
-    return instance.get_runs_count(
-        dg.RunsFilter(job_name=INGEST_QUERIES_JOB, statuses=[dg.DagsterRunStatus.SUCCESS], tags={TAG_DC: dc})
+def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None, held_seconds: float) -> dg.AssetObservation:
+    """The pacing metric, on the click ledger's timeline in the UI."""
+    return dg.AssetObservation(
+        asset_key="click_ledger",
+        metadata={
+            "dc": dc,
+            "pacing_holding": holding,
+            "clicks_ahead_of_queries_seconds": dg.FloatMetadataValue(ahead_seconds),
+            "held_seconds": round(held_seconds, 1),
+        },
     )
 
 
-def pending_dispatcher(dc: str) -> dg.SensorDefinition:
+def pending_dispatcher(dc: str, data_dir: str) -> dg.SensorDefinition:
     @dg.sensor(
         name=f"pending_click_dispatcher_{dc}",
         job_name=JOIN_CLICKS_JOB,
         minimum_interval_seconds=MIN_INTERVAL_SECONDS,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        description="Retries this datacenter's pending clicks (query not found yet) once new query "
-        "data has been ingested; never in a loop while no query data arrives.",
+        description="Retries this datacenter's pending clicks (query not found yet) when query data "
+        "that could hold their queries has arrived, within their backoff; never in a loop while no "
+        "query data arrives.",
     )
-    def _pending(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        cursor = read_cursor(context.cursor, retries=0, query_progress=0)
-        progress = query_progress(context.instance, dc)
-        if progress <= cursor["query_progress"]:
-            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="no new query data since the last retry")
-        if not has_pending_clicks(context.instance, dc):
-            # Clicks that become pending later wait for query data newer than this.
-            return dg.SensorResult(
-                cursor=write_cursor({**cursor, "query_progress": progress}), skip_reason="no pending clicks"
-            )
+    def _pending(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
+        cursor = read_cursor(context.cursor, retries=0)
+        # One retry of pending clicks at a time: a running one, or a failed one awaiting its own
+        # retry (or a human), decides what is still pending.
+        unfinished = sorted(
+            unit for unit in work_units_in_flight(context.instance) | work_units_failed_for_good(context.instance)
+            if unit.startswith(f"{dc}.{PENDING}.")
+        )
+        if unfinished:
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"pending-click retry {unfinished[0]} is not done")
+        decision = pending_retry(DataLayout(Path(data_dir)), dc, settings)
+        if not decision.ready:
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=decision.reason)
+        context.log.info(f"retrying pending clicks of {dc}: {decision.reason}")
         unit_id = f"{dc}.pending.{cursor['retries']:08d}"
         return dg.SensorResult(
             run_requests=[work_unit_request(dc, "click", PENDING, unit_id, [])],
-            cursor=write_cursor({"retries": cursor["retries"] + 1, "query_progress": progress}),
+            cursor=write_cursor({"retries": cursor["retries"] + 1}),
         )
 
     return _pending
+
+
+def pending_retry(layout: DataLayout, dc: str, settings: PipelineSettings) -> RetryDecision:
+    return pending_retry_decision(
+        PendingDigest.load(layout.pending_digest_file(dc)),
+        QueryProgress.load(layout.query_progress_file(dc)),
+        settings.unjoinable_after_seconds,
+    )

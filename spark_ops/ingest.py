@@ -46,6 +46,18 @@ def _with_unit(df: DataFrame, dc: str, work_unit: str) -> DataFrame:
     return df.withColumn("dc", F.lit(dc)).withColumn("work_unit", F.lit(work_unit))
 
 
+def writer_progress(parsed: DataFrame) -> dict[str, tuple[int, list[str]]]:
+    """Per query writer (`server_ip:process_id`) in these lines: newest timestamp and files. One row
+    per writer reaches the driver."""
+    rows = (
+        events(parsed)
+        .groupBy("server_ip", "process_id")
+        .agg(F.max("timestamp_us").alias("max_ts"), F.collect_set("file").alias("files"))
+        .collect()
+    )
+    return {f"{r['server_ip']}:{r['process_id']}": (r["max_ts"], sorted(r["files"])) for r in rows}
+
+
 def ingest_queries(
     parsed: DataFrame,
     dc: str,
@@ -53,10 +65,13 @@ def ingest_queries(
     tables: dict[str, str],
     map_every_seconds: int,
     map_every_bytes: int,
+    cache_since_us: int | None = None,
 ) -> IngestStats:
-    """`parsed` is read several times: the caller persists it."""
+    """`parsed` is read several times: the caller persists it. Queries older than `cache_since_us`
+    skip the cache tier (query_logs): the log file map, which indexes every query, finds them."""
     queries = _with_unit(events(parsed), dc, work_unit)
-    append_once(queries, "query_logs", tables["query_logs"], f"query_logs/{work_unit}")
+    cached = queries if cache_since_us is None else queries.where(F.col("timestamp_us") >= cache_since_us)
+    append_once(cached, "query_logs", tables["query_logs"], f"query_logs/{work_unit}")
     entries = _with_unit(log_file_map_entries(queries, map_every_seconds, map_every_bytes), dc, work_unit)
     append_once(entries, "log_file_map", tables["log_file_map"], f"log_file_map/{work_unit}")
     append_once(quarantined(parsed, dc, "query", work_unit), "quarantined_lines",

@@ -3,11 +3,15 @@
 One call processes one work unit's clicks:
 1. dispatcher lookup: clicks already registered under another token are skipped (joined elsewhere);
    ids registered under *this* token are kept (a retry of this work unit gets its own ids back);
-2. EventStore lookup: each click's query from `query_logs`; clicks without one stay pending;
+   ids older than the registry's GC boundary are resolved as unjoinable (too old);
+2. EventStore lookup (spark_ops/event_store.py): each click's query, from the cache tier or through
+   the log file map in the raw logs; clicks without one stay pending or, past the unjoinable age,
+   are given up (spark_ops/pending.py);
 3. adapter: business logic over (click, query) pairs; it may alter or drop rows;
-4. conditional commit of the surviving ids (and of dropped ones, recorded as unjoinable) with the
-   work unit's token, as one registry transaction;
-5. the winners are inserted into `joined_clicks` / `unjoinable_clicks` keyed by `click_id`;
+4. conditional commit of the surviving ids (and of dropped and given-up ones, recorded as
+   unjoinable) with the work unit's token;
+5. the winners are inserted into `joined_clicks` / `unjoinable_clicks` keyed by `click_id`, and
+   `pending_clicks` records what is still pending;
 6. once that output is durable, the token is cleared on its ids.
 A crash anywhere leaves a state from which the same work unit, retried, produces exactly the
 output a clean run would have (see tests/spark_ops/test_join.py for each crash point).
@@ -27,8 +31,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.registry import IdRegistry
-from spark_ops.handoff import stage, unstage
-from spark_ops.tables import TABLE_SCHEMAS, insert_new
+from spark_ops.event_store import EventStore
+from spark_ops.pending import PendingPolicy, update_pending
+from spark_ops.registry_calls import commit_ids, lookup_ids
+from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, insert_new
 
 Adapter = Callable[[DataFrame], DataFrame]
 
@@ -49,13 +55,23 @@ def load_adapter(spec: str) -> Adapter:
     return getattr(importlib.import_module(module), name)
 
 
+TOO_OLD_REASON = "older than the registry's garbage-collection boundary"
+
+
 @dataclass
 class JoinStats:
     clicks: int = 0
     skipped_registered: int = 0
+    cache_hits: int = 0
+    logs_hits: int = 0
+    not_found: int = 0
+    logs_ranges_read: int = 0
+    logs_bytes_read: int = 0
     pending: int = 0
     joined: int = 0
     dropped_by_adapter: int = 0
+    given_up: int = 0  # pending too long: recorded as unjoinable
+    too_old: int = 0  # older than the registry's GC boundary: recorded as unjoinable
     refused: int = 0  # wasted joins: joined here, refused by the registry
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -68,37 +84,37 @@ class JoinStats:
         return now
 
 
-def query_lookup_table(query_logs: DataFrame) -> DataFrame:
-    return query_logs.select(
-        "query_id",
-        F.struct("query_id", "timestamp_us", "query_text", "ads", "extra").alias("query"),
-    )
-
-
 def click_columns(clicks: DataFrame) -> DataFrame:
+    """The click fields as the output tables name them, and the lookups made before (0 if none)."""
+    attempts = F.col("attempts") if "attempts" in clicks.columns else F.lit(0)
     return clicks.select(
         "click_id", "query_id", "timestamp_us", "ad_id", "advertiser_id", "cost_micros",
-        F.col("extra").alias("click_extra"),
+        (F.col("click_extra") if "click_extra" in clicks.columns else F.col("extra")).alias("click_extra"),
+        attempts.cast("int").alias("attempts"),
     )
 
 
 def join_work_unit(
     spark: SparkSession,
     clicks: DataFrame,
-    queries: DataFrame,
+    event_store: EventStore,
     registry: IdRegistry,
     token: str,
     dc: str,
     staging: Path,
     tables: dict[str, str],
+    pending: PendingPolicy,
+    retrying_pending: bool = False,
     adapter: Adapter = default_adapter,
     checkpoint: Callable[[str], None] = lambda point: None,
 ) -> JoinStats:
-    """`clicks`: parsed click events (any duplicates); `queries`: this datacenter's query_logs."""
+    """`clicks`: parsed click events (any duplicates), or pending clicks being retried
+    (`retrying_pending`, with their `attempts`)."""
     stats = JoinStats()
     mark = time.monotonic()
     staging.mkdir(parents=True, exist_ok=True)
     held = []
+    click_fields = [f.name for f in CLICK_EVENT]
 
     def keep(df: DataFrame) -> DataFrame:
         held.append(df.persist(StorageLevel.MEMORY_AND_DISK))
@@ -112,37 +128,43 @@ def join_work_unit(
             return stats
 
         # 1. Dispatcher lookup.
-        registered = unstage(
-            spark, registry.lookup(stage(clicks.select("click_id"), staging / "lookup_ids")), staging / "registered"
+        registered = keep(lookup_ids(spark, registry, clicks.select("click_id", "timestamp_us"), staging / "lookup"))
+        taken = registered.where(
+            (F.col("status") == "registered") & (F.col("token").isNull() | (F.col("token") != token))
         )
-        taken = registered.where(F.col("token").isNull() | (F.col("token") != token)).select("click_id")
-        candidates = clicks.join(taken, "click_id", "left_anti")
+        too_old_seen = registered.where(F.col("status") == "too_old").select("click_id")
+        candidates = clicks.join(taken.select("click_id").unionByName(too_old_seen), "click_id", "left_anti")
+        stats.skipped_registered = taken.count()
         mark = stats.timed("lookup", mark)
 
-        # 2. EventStore lookup. A query id may repeat in the logs (duplicate lines): one match each.
-        pairs = keep(
-            candidates.join(query_lookup_table(queries), "query_id", "left").dropDuplicates(["click_id"])
-        )
-        found = pairs.where(F.col("query").isNotNull())
+        # 2. EventStore lookup; what neither tier has is judged by the pending policy.
+        found, not_found = event_store.lookup(candidates)
+        judged = keep(pending.judge(not_found, token))
+        given_up = judged.where("give_up").select(*click_fields, "reason")
+        mark = stats.timed("eventstore", mark)
 
         # 3. Adapter. Clicks it drops are resolved as unjoinable, through the registry like joins.
         schema = TABLE_SCHEMAS["joined_clicks"][0]
         adapted = keep(adapter(found).select(*[c for c in schema.fieldNames() if c in found.columns]))
-        dropped = found.join(adapted.select("click_id"), "click_id", "left_anti").drop("query")
-        n_adapted = adapted.count()
-        mark = stats.timed("eventstore_and_adapter", mark)
-
-        # 4. Conditional commit, one transaction for the batch.
-        checkpoint("before_registry_commit")
-        resolved = adapted.select("click_id", "timestamp_us").unionByName(dropped.select("click_id", "timestamp_us"))
-        winners = keep(
-            unstage(spark, registry.commit(stage(resolved, staging / "commit_ids"), token), staging / "winners")
+        dropped = (
+            found.join(adapted.select("click_id"), "click_id", "left_anti")
+            .select(*click_fields, F.lit("dropped by adapter").alias("reason"))
         )
-        n_winners = winners.count()
+        unjoinable = keep(dropped.unionByName(given_up))
+        n_adapted = adapted.count()
+        mark = stats.timed("adapter", mark)
+
+        # 4. Conditional commit of every id this work unit resolves.
+        checkpoint("before_registry_commit")
+        resolved = adapted.select("click_id", "timestamp_us").unionByName(unjoinable.select("click_id", "timestamp_us"))
+        answers = keep(commit_ids(spark, registry, resolved, token, staging / "commit"))
+        winners = answers.where(F.col("status") == "held").select("click_id")
+        too_old = answers.where(F.col("status") == "too_old").select("click_id").unionByName(too_old_seen)
+        n_answers = answers.count()
         mark = stats.timed("registry_commit", mark)
         checkpoint("after_registry_commit")
 
-        # 5. Output, keyed by click_id.
+        # 5. Output, keyed by click_id, then what is still pending.
         now = F.current_timestamp()
         joined_rows = adapted.join(winners, "click_id", "left_semi").select(
             *adapted.columns,
@@ -151,14 +173,14 @@ def join_work_unit(
             F.lit(token).alias("work_unit"),
         )
         insert_new(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id")
-        unjoinable_rows = dropped.join(winners, "click_id", "left_semi").select(
-            *dropped.columns,
-            F.lit("dropped by adapter").alias("reason"),
-            F.lit(dc).alias("dc"),
-            now.alias("recorded_at"),
-            F.lit(token).alias("work_unit"),
+        unjoinable_rows = (
+            unjoinable.join(winners, "click_id", "left_semi")
+            .unionByName(clicks.join(too_old, "click_id", "left_semi").select(*click_fields, F.lit(TOO_OLD_REASON).alias("reason")))
+            .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
         )
         insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id")
+        still_pending = judged.where(~F.col("give_up"))
+        update_pending(tables["pending_clicks"], dc, token, still_pending, clicks if retrying_pending else None)
         mark = stats.timed("write", mark)
         checkpoint("after_output_write")
 
@@ -166,15 +188,18 @@ def join_work_unit(
         registry.clear_tokens(token)
         mark = stats.timed("clear_tokens", mark)
 
-        n_pairs = pairs.count()
-        stats.skipped_registered = stats.clicks - n_pairs
-        stats.pending = pairs.where(F.col("query").isNull()).count()
+        for name, value in event_store.stats.as_dict().items():
+            setattr(stats, name, value)
+        stats.pending = still_pending.count()
         stats.joined = adapted.join(winners, "click_id", "left_semi").count()
-        stats.dropped_by_adapter = (n_pairs - stats.pending) - n_adapted
-        stats.refused = (n_adapted + stats.dropped_by_adapter) - n_winners
+        stats.dropped_by_adapter = found.count() - n_adapted
+        stats.given_up = given_up.join(winners, "click_id", "left_semi").count()
+        stats.too_old = too_old.count()
+        stats.refused = n_answers - winners.count() - answers.where(F.col("status") == "too_old").count()
         stats.timed("counts", mark)
         return stats
     finally:
+        event_store.release()
         for df in held:
             df.unpersist()
         shutil.rmtree(staging, ignore_errors=True)

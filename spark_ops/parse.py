@@ -75,7 +75,7 @@ def _chunk_lines(chunk: dict, max_line_bytes: int) -> Iterator[tuple[int, bytes,
             pos += length
 
 
-def _parse_partition(stream: str, max_line_bytes: int, schema: pa.Schema):
+def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
     parse = PARSERS[stream]
     n_event_fields = len(schema) - 5  # file, offset, length, reason, snippet follow the event
 
@@ -136,7 +136,7 @@ def parse_ranges(
     slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism))
     source = spark.createDataFrame(spark.sparkContext.parallelize(rows, slices), CHUNK_FIELDS)
     return source.mapInArrow(
-        _parse_partition(stream, max_line_bytes, arrow_schema(spark_schema)), spark_schema
+        parse_chunks(stream, max_line_bytes, arrow_schema(spark_schema)), spark_schema
     )
 
 

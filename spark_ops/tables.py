@@ -47,6 +47,24 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
         T.StructType([_f("dc", T.StringType()), *CLICK_FIELDS, *SOURCE_FIELDS, _f("work_unit", T.StringType())]),
         ["dc"],
     ),
+    # Clicks whose query was not found yet, per datacenter, with what their retries depend on: the
+    # attempts so far, and the query writer's progress and file count when last looked up.
+    "pending_clicks": (
+        T.StructType(
+            [
+                _f("dc", T.StringType()),
+                *CLICK_EVENT,
+                _f("query_writer", T.StringType()),
+                _f("query_ts", T.LongType()),
+                _f("attempts", T.IntegerType()),
+                _f("last_attempt_at", T.TimestampType()),
+                _f("last_attempt_unit", T.StringType()),
+                _f("writer_ts_at_attempt", T.LongType()),
+                _f("writer_files_at_attempt", T.IntegerType()),
+            ]
+        ),
+        ["dc"],
+    ),
     "joined_clicks": (
         T.StructType(
             [

@@ -5,10 +5,12 @@ import pytest
 from dagster._core.test_utils import create_run_for_test
 
 from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
-from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_PENDING, TAG_STREAM, TAG_WORK_UNIT
+from photon.layout import DataLayout
+from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
 from resources.settings import PipelineSettings
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.retries import plan_retries
+from sensors.stream_state import PendingDigest, QueryProgress, WriterProgress, pending_retry_decision
 from tests.conftest import click, query, write_lines
 
 
@@ -32,7 +34,7 @@ def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, ins
     write_lines(click_dir / "w2" / "00000.jsonl", clicks[10:])
     sensor = log_dispatcher("dc1", "click", str(tmp_path))
 
-    first = evaluate(sensor, instance, click_work_unit_bytes=1200)
+    first = evaluate(sensor, instance, click_work_unit_bytes=1200, pacing_max_hold_seconds=0)
     keys = [r.run_key for r in first.run_requests]
     assert keys == [f"dc1.click.{i:08d}" for i in range(len(keys))] and len(keys) >= 2
     ranges = [rng for r in first.run_requests for rng in r.run_config["ops"]["join_clicks"]["config"]["ranges"]]
@@ -42,17 +44,17 @@ def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, ins
     assert covered["w2/00000.jsonl"] == (click_dir / "w2" / "00000.jsonl").stat().st_size
     assert all(r.tags[TAG_DC] == "dc1" and r.job_name == JOIN_CLICKS_JOB for r in first.run_requests)
     cursor = json.loads(first.cursor)
-    assert cursor == {"requested": len(keys), "v": 1}
+    assert cursor == {"requested": len(keys), "held_since": None, "paced_ticks": 0, "v": 1}
 
     # Nothing new: nothing requested. A tick that lost its cursor re-requests the same keys.
-    assert evaluate(sensor, instance, cursor=first.cursor).run_requests == []
-    assert [r.run_key for r in evaluate(sensor, instance).run_requests] == keys
+    assert evaluate(sensor, instance, cursor=first.cursor, pacing_max_hold_seconds=0).run_requests == []
+    assert [r.run_key for r in evaluate(sensor, instance, pacing_max_hold_seconds=0).run_requests] == keys
 
     # The torn line completes: one more work unit, starting exactly where the last one ended.
     with open(torn_file, "a") as f:
         f.write('0.1:1:99", "query_id": "10.0.0.2:2:1", "timestamp_us": 99, "ad_id": "a", '
                 '"advertiser_id": "b", "cost_micros": 1}\n')
-    later = evaluate(sensor, instance, cursor=first.cursor)
+    later = evaluate(sensor, instance, cursor=first.cursor, pacing_max_hold_seconds=0)
     [new] = later.run_requests
     [rng] = new.run_config["ops"]["join_clicks"]["config"]["ranges"]
     assert rng["file"] == "w1/00000.jsonl" and rng["end"] == torn_file.stat().st_size
@@ -105,27 +107,67 @@ def test_a_succeeded_work_unit_is_not_retried(instance):
     assert plan.run_requests == [] and plan.waiting == [] and plan.exhausted == []
 
 
-def succeeded(instance, job: str, tags: dict):
-    create_run_for_test(instance, job_name=job, status=dg.DagsterRunStatus.SUCCESS, tags={TAG_DC: "dc1", **tags})
+def test_pending_clicks_are_retried_only_when_query_data_could_hold_their_queries(tmp_path, instance):
+    layout = DataLayout(tmp_path)
+    sensor = pending_dispatcher("dc1", str(tmp_path))
+    assert "no pending" in evaluate(sensor, instance).skip_reason.skip_message
 
+    # Two clicks wait: one for writer w1 to log past ts 500, one for writer w2 (no logs yet).
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w1": WriterProgress(400, ["w1/0.jsonl"])})
+    PendingDigest(pending=2, needs={"w1": [500, 1], "w2": [700, 0]}, oldest_ts=450, stream_ts=400).save(
+        layout.pending_digest_file("dc1"))
+    waiting = evaluate(sensor, instance)
+    assert waiting.run_requests == [] and "wait for query data" in waiting.skip_reason.skip_message
 
-def test_pending_clicks_are_retried_only_after_new_query_data(instance):
-    sensor = pending_dispatcher("dc1")
-    context = dg.build_sensor_context(instance=instance)
-    assert sensor(context).run_requests == []  # no query data at all
+    # w1 logs more, but not yet up to 500: still no retry.
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w1": WriterProgress(499, ["w1/0.jsonl"])})
+    assert evaluate(sensor, instance, cursor=waiting.cursor).run_requests == []
 
-    succeeded(instance, INGEST_QUERIES_JOB, {})
-    idle = sensor(dg.build_sensor_context(instance=instance))
-    assert idle.run_requests == [] and "no pending" in idle.skip_reason.skip_message
-
-    # A click work unit leaves clicks pending: no retry until new query data arrives.
-    succeeded(instance, JOIN_CLICKS_JOB, {TAG_KIND: "log_ranges", TAG_PENDING: "4"})
-    waiting = sensor(dg.build_sensor_context(instance=instance, cursor=idle.cursor))
-    assert waiting.run_requests == [] and "no new query data" in waiting.skip_reason.skip_message
-
-    succeeded(instance, INGEST_QUERIES_JOB, {})
-    retry = sensor(dg.build_sensor_context(instance=instance, cursor=waiting.cursor))
+    # w2's first file appears: a retry.
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w2": WriterProgress(10, ["w2/0.jsonl"])})
+    retry = evaluate(sensor, instance, cursor=waiting.cursor)
     [request] = retry.run_requests
     assert request.run_key == "dc1.pending.00000000" and request.tags[TAG_KIND] == PENDING
-    assert json.loads(retry.cursor) == {"query_progress": 2, "retries": 1, "v": 1}
-    assert sensor(dg.build_sensor_context(instance=instance, cursor=retry.cursor)).run_requests == []
+    assert json.loads(retry.cursor) == {"retries": 1, "v": 1}
+
+    # While that retry runs, no second one.
+    create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.STARTED,
+                        tags={TAG_DC: "dc1", TAG_KIND: PENDING, TAG_WORK_UNIT: "dc1.pending.00000000"})
+    busy = evaluate(sensor, instance, cursor=retry.cursor)
+    assert busy.run_requests == [] and "is not done" in busy.skip_reason.skip_message
+
+
+def test_retry_decision_honours_backoff_and_unjoinable_age():
+    progress = QueryProgress({"w1": WriterProgress(10_000_000, ["f"])})
+    backoff = PendingDigest(pending=1, retry_at=1000.0, oldest_ts=9_000_000, stream_ts=10_000_000)
+    assert pending_retry_decision(backoff, progress, 3600, now=999.0).wait_until == 1000.0
+    assert pending_retry_decision(backoff, progress, 3600, now=1000.0).ready
+    # The query stream moves past the oldest click's unjoinable age: its final lookup is due.
+    aged = PendingDigest(pending=1, oldest_ts=1_000_000, stream_ts=5_000_000)
+    assert not pending_retry_decision(aged, QueryProgress({"w1": WriterProgress(5_000_000, ["f"])}), 8).ready
+    assert pending_retry_decision(aged, progress, 8).ready
+
+
+def test_pacing_holds_click_work_while_query_logs_lag_and_releases_it(tmp_path, instance):
+    layout = DataLayout(tmp_path)
+    write_lines(layout.stream_dir("dc1", "click") / "w" / "0.jsonl", [click("10.3.0.1:1:900000000", "q", 900_000_000)])
+    sensor = log_dispatcher("dc1", "click", str(tmp_path))
+    knobs = {"pacing_margin_seconds": 60, "pacing_max_hold_seconds": 3600}
+
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": WriterProgress(100_000_000, ["w/0.jsonl"])})
+    held = evaluate(sensor, instance, **knobs)
+    assert held.run_requests == [] and "pacing" in held.skip_reason.skip_message
+    assert json.loads(held.cursor)["held_since"] is not None and json.loads(held.cursor)["paced_ticks"] == 1
+    [observation] = held.asset_events
+    assert observation.metadata["clicks_ahead_of_queries_seconds"].value == 800.0
+
+    # The query logs catch up to within the margin: the work is released.
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": WriterProgress(850_000_000, ["w/0.jsonl"])})
+    released = evaluate(sensor, instance, cursor=held.cursor, **knobs)
+    assert [r.run_key for r in released.run_requests] == ["dc1.click.00000000"]
+    assert json.loads(released.cursor)["held_since"] is None
+
+    # A stalled query stream holds click work for at most pacing_max_hold_seconds.
+    write_lines(layout.stream_dir("dc1", "click") / "w" / "0.jsonl", [click("10.3.0.1:1:990000000", "q", 990_000_000)])
+    stalled = json.dumps({**json.loads(released.cursor), "held_since": 1.0})
+    assert len(evaluate(sensor, instance, cursor=stalled, **knobs).run_requests) == 1

@@ -6,9 +6,12 @@ from pyspark.sql import functions as F
 
 from photon.layout import TABLES
 from resources.registry import EmbeddedIdRegistry
-from spark_ops.ingest import ingest_queries
+from sensors.stream_state import QueryProgress, WriterProgress
+from spark_ops.event_store import EventStore
+from spark_ops.ingest import ingest_queries, writer_progress
 from spark_ops.join import CRASH_POINTS, join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges
+from spark_ops.pending import PendingPolicy
 from spark_ops.tables import read_table
 from tests.conftest import click, query, write_lines
 
@@ -33,18 +36,31 @@ def world(tmp_path, spark):
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     parsed = parse_ranges(spark, "query", logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)])
     ingest_queries(parsed, "dc1", "dc1.query.0", tables, 10, 1 << 20)
+    progress = QueryProgress({w: WriterProgress(ts, files) for w, (ts, files) in writer_progress(parsed).items()})
     clicks = events(parse_ranges(spark, "click", logs / "click", [ByteRange("w/0.jsonl", 0, cfile.stat().st_size)]))
     registry = EmbeddedIdRegistry(tmp_path / "ids.duckdb")
-    yield {"spark": spark, "tables": tables, "clicks": clicks, "registry": registry, "tmp": tmp_path}
+    yield {"spark": spark, "tables": tables, "clicks": clicks, "registry": registry, "tmp": tmp_path,
+           "query_dir": logs / "query", "progress": progress}
     registry.close()
 
 
-def run(world, token="dc1.click.0", dc="dc1", registry=None, checkpoint=lambda point: None, **kwargs):
-    spark = world["spark"]
-    queries = read_table(spark, "query_logs", world["tables"]["query_logs"])
+def event_store(world) -> EventStore:
+    spark, tables = world["spark"], world["tables"]
+    return EventStore(
+        read_table(spark, "query_logs", tables["query_logs"]), read_table(spark, "log_file_map", tables["log_file_map"]),
+        world["query_dir"], 10, 1 << 20, 65536,
+    )
+
+
+def policy(world, **overrides) -> PendingPolicy:
+    knobs = {"unjoinable_after_seconds": 86400.0, "min_attempts": 2, "backoff_seconds": 2.0, "backoff_max_seconds": 600.0}
+    return PendingPolicy(progress=world["progress"], **{**knobs, **overrides})
+
+
+def run(world, token="dc1.click.0", dc="dc1", registry=None, checkpoint=lambda point: None, pending=None, **kwargs):
     return join_work_unit(
-        spark, world["clicks"], queries, registry or world["registry"], token, dc,
-        world["tmp"] / "staging" / token, world["tables"], checkpoint=checkpoint, **kwargs,
+        world["spark"], world["clicks"], event_store(world), registry or world["registry"], token, dc,
+        world["tmp"] / "staging" / token, world["tables"], pending or policy(world), checkpoint=checkpoint, **kwargs,
     )
 
 
@@ -87,15 +103,20 @@ def test_another_work_unit_is_skipped_by_lookup_and_refused_by_commit(world):
     other = run(world, token="dc2.click.0", dc="dc2")
     assert (other.skipped_registered, other.joined) == (7, 0)
 
-    class StaleLookup(EmbeddedIdRegistry):
-        """A registry whose lookup answered before the other datacenter committed."""
+    class StaleLookup:
+        """The registry, but its lookup answered before the other datacenter committed."""
+
+        def __init__(self, registry):
+            self.registry = registry
+
+        def __getattr__(self, name):
+            return getattr(self.registry, name)
 
         def lookup(self, ids):
-            return pa.table({"click_id": pa.array([], pa.string()), "token": pa.array([], pa.string())}).to_reader()
+            empty = pa.array([], pa.string())
+            return pa.table({"click_id": empty, "token": empty, "status": empty})
 
-    stale = StaleLookup.__new__(StaleLookup)
-    stale.__dict__.update(world["registry"].__dict__)
-    wasted = run(world, token="dc2.click.1", dc="dc2", registry=stale)
+    wasted = run(world, token="dc2.click.1", dc="dc2", registry=StaleLookup(world["registry"]))
     assert (wasted.joined, wasted.refused) == (0, 7)
     assert joined_ids(world) == sorted(JOINABLE)
 

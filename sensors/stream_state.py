@@ -1,0 +1,145 @@
+"""What the dispatchers need to know about each datacenter's streams, kept small enough to read on
+every tick without Spark: the query stream's progress per writer, and a digest of pending clicks.
+
+Runs write these documents (atomically, under a lock: several runs of one datacenter may finish at
+once); sensors and `photon run` only read them.
+
+- Query progress: per query writer (`server_ip:process_id`, the prefix of its event ids), the newest
+  `timestamp_us` ingested and the log files it has been read from. A writer logs in timestamp order,
+  so once its progress passes a query's timestamp that query is either in what was read or lost.
+- Pending digest: what the datacenter's pending clicks are waiting for, summarised when the last
+  click run finished: per writer, the smallest query timestamp not yet covered and the files seen
+  then; the oldest pending click (for the unjoinable age); and when clicks that could be joined
+  now come out of their retry backoff.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+VERSION = 1
+
+
+def _read(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("v") != VERSION:
+        raise ValueError(f"{path}: state version {doc.get('v')} is not {VERSION}")
+    return doc
+
+
+def _write(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump({**doc, "v": VERSION}, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@dataclass
+class WriterProgress:
+    max_ts: int
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class QueryProgress:
+    writers: dict[str, WriterProgress] = field(default_factory=dict)
+
+    @property
+    def max_ts(self) -> int | None:
+        """The query stream's progress: its newest ingested event time."""
+        return max((w.max_ts for w in self.writers.values()), default=None)
+
+    @classmethod
+    def load(cls, path: Path) -> "QueryProgress":
+        doc = _read(path)
+        if doc is None:
+            return cls()
+        return cls({name: WriterProgress(**w) for name, w in doc["writers"].items()})
+
+    @classmethod
+    def merge(cls, path: Path, ingested: dict[str, WriterProgress]) -> "QueryProgress":
+        """Adds one work unit's writers. Idempotent (max and union), so a retried work unit that
+        had already merged changes nothing."""
+        with _locked(path):
+            progress = cls.load(path)
+            for name, seen in ingested.items():
+                known = progress.writers.setdefault(name, WriterProgress(seen.max_ts))
+                known.max_ts = max(known.max_ts, seen.max_ts)
+                known.files = sorted(set(known.files) | set(seen.files))
+            _write(path, {"writers": {name: asdict(w) for name, w in progress.writers.items()}})
+            return progress
+
+
+@dataclass
+class PendingDigest:
+    pending: int = 0
+    # writer -> [smallest query timestamp a pending click needs beyond that writer's progress, files
+    # of the writer when it was last looked up]
+    needs: dict[str, list] = field(default_factory=dict)
+    oldest_ts: int | None = None  # oldest pending click (event time)
+    retry_at: float | None = None  # when clicks joinable with the data present leave their backoff
+    stream_ts: int = 0  # the query stream's progress the digest was made with
+    updated_at: float = 0.0
+
+    @classmethod
+    def load(cls, path: Path) -> "PendingDigest":
+        doc = _read(path)
+        if doc is None:
+            return cls()
+        doc.pop("v")
+        return cls(**doc)
+
+    def save(self, path: Path) -> None:
+        with _locked(path):
+            _write(path, asdict(self))
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    ready: bool
+    reason: str
+    wait_until: float | None = None  # a retry will be due then, with the data present
+
+
+def pending_retry_decision(
+    digest: PendingDigest, progress: QueryProgress, unjoinable_after_seconds: float, now: float | None = None
+) -> RetryDecision:
+    """Whether a pending-click retry could join (or finally give up on) a click now. Retries happen
+    only when query data that could hold a pending click's query has arrived, no sooner than the
+    clicks' backoff allows; never in a loop while no query data arrives."""
+    now = time.time() if now is None else now
+    if digest.pending == 0:
+        return RetryDecision(False, "no pending clicks")
+    for writer, (needed_ts, files) in digest.needs.items():
+        known = progress.writers.get(writer)
+        if known is not None and ((needed_ts is not None and known.max_ts >= needed_ts) or len(known.files) > files):
+            return RetryDecision(True, f"query writer {writer} has new data for pending clicks")
+    # Clicks that had reached the age when the digest was made are covered by retry_at.
+    stream_ts = progress.max_ts
+    if (digest.oldest_ts is not None and stream_ts is not None and stream_ts > digest.stream_ts
+            and stream_ts - digest.oldest_ts >= unjoinable_after_seconds * 1e6):
+        return RetryDecision(True, "pending clicks reached the unjoinable age")
+    if digest.retry_at is not None:
+        if now >= digest.retry_at:
+            return RetryDecision(True, "pending clicks left their retry backoff")
+        return RetryDecision(False, f"pending clicks in retry backoff for {digest.retry_at - now:.1f} s more",
+                             wait_until=digest.retry_at)
+    return RetryDecision(False, f"{digest.pending} pending click(s) wait for query data that could hold their queries")

@@ -1,0 +1,172 @@
+"""The EventStore (Photon §3.4): finds the query of each click, in two tiers.
+
+1. Cache tier: `query_logs`, the parsed queries of the last `query_cache_retention_seconds` of
+   event time (spark_ops/ingest.py evicts older ones).
+2. Logs tier: for the cache's misses, `log_file_map` — a sparse index with an entry for the first
+   query of every W seconds of event time and of every M bytes of each writer's log file — points
+   into the raw query logs. A query id names its writer and timestamp (`<ip>:<pid>:<timestamp_us>`);
+   the entry of that writer with the largest timestamp at or below the query's starts the range to
+   read, and the writer's next entry in the same file ends it (a writer logs in timestamp order, so
+   the query is inside if it was logged). The misses of a batch are resolved together: each file
+   range is read once, by executors, whatever number of clicks need it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark_ops.parse import CHUNK_FIELDS, parse_chunks, events
+from spark_ops.schemas import PARSED, arrow_schema
+
+# `<server_ip>:<process_id>:<timestamp_us>`; an IPv6 address may itself contain colons.
+EVENT_ID = r"^(.+):([^:]+):(\d+)$"
+
+
+def event_id_parts(column: str) -> list:
+    """(server_ip, process_id, timestamp_us) of an event id column; nulls if it is not of that form."""
+    return [
+        F.nullif(F.regexp_extract(column, EVENT_ID, 1), F.lit("")).alias("server_ip"),
+        F.nullif(F.regexp_extract(column, EVENT_ID, 2), F.lit("")).alias("process_id"),
+        F.nullif(F.regexp_extract(column, EVENT_ID, 3), F.lit("")).cast("long").alias("query_ts"),
+    ]
+
+
+def query_struct(queries: DataFrame) -> DataFrame:
+    return queries.select(
+        "query_id", F.struct("query_id", "timestamp_us", "query_text", "ads", "extra").alias("query")
+    )
+
+
+def evict_from_cache(spark: SparkSession, path: str, dc: str, before_us: int, vacuum_retain_hours: float) -> int:
+    """Removes a datacenter's queries older than `before_us` from the cache tier and deletes the data
+    files no version younger than `vacuum_retain_hours` still needs (a click run may be reading an
+    older snapshot). Returns the rows removed."""
+    condition = (F.col("dc") == dc) & (F.col("timestamp_us") < before_us)
+    removed = spark.read.format("delta").load(path).where(condition).count()
+    if removed:
+        table = DeltaTable.forPath(spark, path)
+        table.delete(condition)
+        # Files an earlier eviction removed are deleted once they are old enough.
+        table.vacuum(vacuum_retain_hours)
+    return removed
+
+
+@dataclass
+class EventStoreStats:
+    cache_hits: int = 0
+    logs_hits: int = 0
+    not_found: int = 0
+    logs_ranges_read: int = 0
+    logs_bytes_read: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class EventStore:
+    def __init__(
+        self,
+        cache: DataFrame,
+        log_file_map: DataFrame,
+        query_dir: Path,
+        map_every_seconds: float,
+        map_every_bytes: int,
+        max_line_bytes: int,
+    ):
+        """`cache` and `log_file_map`: this datacenter's rows; `query_dir`: its raw query logs."""
+        self.cache = query_struct(cache)
+        self.log_file_map = log_file_map
+        self.query_dir = query_dir
+        self.window_us = int(map_every_seconds * 1_000_000)
+        # Entries are at most W seconds or about 2M bytes apart (the first query of each M-byte span
+        # may sit near its end): a range past the writer's last entry reads at most this far.
+        self.open_range_bytes = 2 * map_every_bytes + max_line_bytes
+        self.max_line_bytes = max_line_bytes
+        self.stats = EventStoreStats()
+        self._held: list[DataFrame] = []
+
+    def _keep(self, df: DataFrame) -> DataFrame:
+        self._held.append(df.persist(StorageLevel.MEMORY_AND_DISK))
+        return df
+
+    def release(self) -> None:
+        for df in self._held:
+            df.unpersist()
+        self._held.clear()
+
+    def lookup(self, clicks: DataFrame) -> tuple[DataFrame, DataFrame]:
+        """Splits `clicks` (with `click_id`, `query_id`) into those whose query was found, with a
+        `query` struct column, and those not found (without it). Fills `stats`."""
+        # A query id may repeat in the logs (duplicate lines): one match per click.
+        pairs = self._keep(clicks.join(self.cache, "query_id", "left").dropDuplicates(["click_id"]))
+        cached = pairs.where(F.col("query").isNotNull())
+        misses = self._keep(pairs.where(F.col("query").isNull()).drop("query"))
+        self.stats.cache_hits = cached.count()
+        n_misses = misses.count()
+        if n_misses == 0:
+            return cached, misses
+        from_logs = self._keep(self._logs_tier(misses))
+        self.stats.logs_hits = from_logs.count()
+        self.stats.not_found = n_misses - self.stats.logs_hits
+        not_found = misses.join(from_logs.select("click_id"), "click_id", "left_anti")
+        return cached.unionByName(from_logs), not_found
+
+    def _logs_tier(self, misses: DataFrame) -> DataFrame:
+        spark = misses.sparkSession
+        wanted = misses.select("click_id", "query_id", *event_id_parts("query_id")).where(F.col("query_ts").isNotNull())
+        entries = self.log_file_map.select(
+            "server_ip", "process_id", "file", "offset", F.col("timestamp_us").alias("entry_ts"),
+            F.floor(F.col("timestamp_us") / self.window_us).alias("window"),
+        )
+        # The entry with the largest timestamp at or below the query's lies in the query's own
+        # W-second window: that window's first query in the query's file has an entry.
+        starts = (
+            wanted.withColumn("window", F.floor(F.col("query_ts") / self.window_us))
+            .join(entries, ["server_ip", "process_id", "window"])
+            .where(F.col("entry_ts") <= F.col("query_ts"))
+            .groupBy("click_id", "query_id")
+            .agg(F.max_by(F.struct("file", "offset"), F.struct("entry_ts", "offset")).alias("start"))
+            .select("click_id", "query_id", F.col("start.file").alias("file"), F.col("start.offset").alias("start"))
+        )
+        files = starts.select("file").distinct()
+        following = (
+            self.log_file_map.select("file", "offset").join(files, "file").distinct()
+            .withColumn("next", F.lead("offset").over(Window.partitionBy("file").orderBy("offset")))
+        )
+        needed = self._keep(
+            starts.join(following.withColumnRenamed("offset", "start"), ["file", "start"], "left")
+            .withColumn("end", F.coalesce("next", F.col("start") + self.open_range_bytes))
+            .drop("next")
+        )
+        ranges = needed.select("file", "start", "end").distinct()
+        prefix = str(self.query_dir) + "/"
+        chunks = ranges.select(
+            F.concat(F.lit(prefix), "file").alias("path"),
+            "file",
+            F.col("end").alias("range_end"),
+            F.col("start").alias("chunk_start"),
+            F.col("end").alias("chunk_end"),
+            F.lit(True).alias("owns_first_line"),
+        ).repartition(spark.sparkContext.defaultParallelism)
+        schema = PARSED["query"]
+        lines = self._keep(
+            chunks.select(*CHUNK_FIELDS.fieldNames()).mapInArrow(
+                parse_chunks("query", self.max_line_bytes, arrow_schema(schema)), schema
+            )
+        )
+        totals = lines.agg(F.coalesce(F.sum("length"), F.lit(0)).alias("bytes")).first()
+        self.stats.logs_bytes_read = totals["bytes"]
+        self.stats.logs_ranges_read = ranges.count()
+        # Lines that do not parse were quarantined when the query work unit ingested them.
+        found = query_struct(events(lines)).dropDuplicates(["query_id"])
+        return (
+            misses.join(needed.select("click_id"), "click_id", "left_semi")
+            .join(found, "query_id")
+            .dropDuplicates(["click_id"])
+        )

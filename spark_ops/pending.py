@@ -1,0 +1,148 @@
+"""Pending clicks (Photon §3.2.1): clicks whose query neither EventStore tier has yet.
+
+A pending click is retried only when query data that could hold its query has arrived — its query's
+writer has logged past the query's timestamp since the last lookup, or has a new log file (the
+query may sit in a file the dispatcher had not reached) — and no sooner than an exponential backoff
+after its last attempt. Once it is `unjoinable_after` behind the query stream's progress (event
+time) and has been looked up `min_attempts` times, it is given up as unjoinable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sensors.stream_state import PendingDigest, QueryProgress
+from spark_ops.event_store import event_id_parts
+from spark_ops.tables import TABLE_SCHEMAS, ensure_table, read_table
+
+PROGRESS_SCHEMA = T.StructType(
+    [
+        T.StructField("query_writer", T.StringType()),
+        T.StructField("writer_ts", T.LongType()),
+        T.StructField("writer_files", T.IntegerType()),
+    ]
+)
+
+
+@dataclass
+class PendingPolicy:
+    progress: QueryProgress  # read before the EventStore's tables, so it never claims more than they hold
+    unjoinable_after_seconds: float
+    min_attempts: int
+    backoff_seconds: float
+    backoff_max_seconds: float
+
+    def _progress_frame(self, spark: SparkSession) -> DataFrame:
+        rows = [(name, w.max_ts, len(w.files)) for name, w in self.progress.writers.items()]
+        return spark.createDataFrame(rows, PROGRESS_SCHEMA)
+
+    def _age_reached(self, timestamp_us: Column) -> Column:
+        if self.progress.max_ts is None:
+            return F.lit(False)
+        return F.lit(self.progress.max_ts) - timestamp_us >= int(self.unjoinable_after_seconds * 1e6)
+
+    def _backoff_over_at(self) -> Column:
+        seconds = F.least(
+            F.lit(self.backoff_max_seconds), F.lit(self.backoff_seconds) * F.pow(F.lit(2.0), F.col("attempts") - 1)
+        )
+        return F.col("last_attempt_at").cast("double") + seconds
+
+    def _with_data_ready(self, pending: DataFrame) -> DataFrame:
+        """`data_ready`: query data that could hold the click's query arrived since its last lookup,
+        or the click reached the unjoinable age (its final lookup is due)."""
+        writer_passed = (
+            F.col("writer_ts").isNotNull()
+            & (F.col("writer_ts") >= F.col("query_ts"))
+            & (F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts"))
+        )
+        new_file = F.coalesce(F.col("writer_files"), F.lit(0)) > F.col("writer_files_at_attempt")
+        return pending.join(self._progress_frame(pending.sparkSession), "query_writer", "left").withColumn(
+            "data_ready", writer_passed | new_file | self._age_reached(F.col("timestamp_us"))
+        )
+
+    def due(self, pending: DataFrame, now: float | None = None) -> DataFrame:
+        """The pending clicks to retry now (the table's columns)."""
+        now = time.time() if now is None else now
+        ready = self._with_data_ready(pending).where(F.col("data_ready") & (self._backoff_over_at() <= now))
+        return ready.select(*pending.columns)
+
+    def judge(self, not_found: DataFrame, token: str) -> DataFrame:
+        """Clicks not found by this lookup, as `pending_clicks` rows for it, with `give_up` and the
+        unjoinable `reason`. `not_found` carries the clicks' earlier `attempts` (0 if none)."""
+        attempts = F.col("attempts") + 1
+        parts = event_id_parts("query_id")
+        with_writer = not_found.withColumn("attempts", attempts.cast("int")).select(
+            "*",
+            F.when(parts[0].isNotNull() & parts[1].isNotNull(), F.concat_ws(":", parts[0], parts[1])).alias("query_writer"),
+            parts[2],
+        )
+        behind = F.lit(self.progress.max_ts or 0) - F.col("timestamp_us")
+        return (
+            with_writer.join(self._progress_frame(not_found.sparkSession), "query_writer", "left")
+            .withColumn("writer_ts_at_attempt", F.col("writer_ts"))
+            .withColumn("writer_files_at_attempt", F.coalesce(F.col("writer_files"), F.lit(0)).cast("int"))
+            .withColumn("last_attempt_at", F.current_timestamp())
+            .withColumn("last_attempt_unit", F.lit(token))
+            .withColumn("give_up", self._age_reached(F.col("timestamp_us")) & (F.col("attempts") >= self.min_attempts))
+            .withColumn(
+                "reason",
+                F.format_string(
+                    "query not found in %d lookups; click %.0f s behind the query stream",
+                    F.col("attempts"), behind / 1e6,
+                ),
+            )
+            .drop("writer_ts", "writer_files")
+        )
+
+    def digest(self, spark: SparkSession, path: str, dc: str) -> PendingDigest:
+        """What this datacenter's pending clicks now wait for (sensors/stream_state.py)."""
+        rows = self._with_data_ready(read_table(spark, "pending_clicks", path).where(F.col("dc") == dc))
+        total = rows.agg(
+            F.count("*").alias("pending"),
+            F.min("timestamp_us").alias("oldest_ts"),
+            F.min(F.when(F.col("data_ready"), self._backoff_over_at())).alias("retry_at"),
+        ).first()
+        waiting = rows.where(~F.col("data_ready") & F.col("query_writer").isNotNull())
+        needs = waiting.groupBy("query_writer").agg(
+            F.min(F.when(F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts"), F.col("query_ts"))).alias("ts"),
+            F.min("writer_files_at_attempt").alias("files"),
+        ).collect()  # one row per query writer
+        return PendingDigest(
+            pending=total["pending"],
+            needs={r["query_writer"]: [r["ts"], r["files"]] for r in needs},
+            oldest_ts=total["oldest_ts"],
+            retry_at=total["retry_at"],
+            stream_ts=self.progress.max_ts or 0,
+            updated_at=time.time(),
+        )
+
+
+def update_pending(path: str, dc: str, token: str, still_pending: DataFrame, attempted: DataFrame | None) -> None:
+    """Records this lookup in `pending_clicks`: clicks still pending are inserted or have their
+    attempt counted (once per work unit, so a retried work unit counts once); `attempted` clicks
+    that are no longer pending (joined, registered elsewhere, unjoinable) leave the table."""
+    spark = still_pending.sparkSession
+    ensure_table(spark, "pending_clicks", path)
+    columns = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
+    rows = still_pending.withColumn("dc", F.lit(dc)).select(*columns).withColumn("still_pending", F.lit(True))
+    if attempted is not None:
+        gone = attempted.select("click_id").join(rows.select("click_id"), "click_id", "left_anti")
+        rows = rows.unionByName(gone.withColumn("still_pending", F.lit(False)), allowMissingColumns=True)
+    (
+        DeltaTable.forPath(spark, path).alias("t")
+        .merge(rows.alias("s"), f"t.dc = '{dc}' AND t.click_id = s.click_id")
+        .whenMatchedDelete(condition="NOT s.still_pending")
+        .whenMatchedUpdate(
+            condition=f"s.still_pending AND t.last_attempt_unit <> '{token}'",
+            set={**{c: f"s.{c}" for c in columns if c not in ("dc", "click_id")},
+                 "attempts": "greatest(t.attempts, s.attempts)"},
+        )
+        .whenNotMatchedInsert(condition="s.still_pending", values={c: f"s.{c}" for c in columns})
+        .execute()
+    )

@@ -1,0 +1,169 @@
+"""The EventStore's two tiers, the cache's retention, and pending clicks up to unjoinable."""
+
+import time
+
+from pyspark.sql import functions as F
+
+from photon.layout import TABLES
+from resources.registry import EmbeddedIdRegistry
+from sensors.stream_state import QueryProgress, WriterProgress, pending_retry_decision
+from spark_ops.event_store import EventStore, evict_from_cache
+from spark_ops.ingest import ingest_queries, writer_progress
+from spark_ops.join import join_work_unit
+from spark_ops.parse import ByteRange, events, parse_ranges
+from spark_ops.pending import PendingPolicy
+from spark_ops.tables import read_table
+from tests.conftest import click, query, write_lines
+
+T0 = 1_700_000_000_000_000
+SECOND = 1_000_000
+
+
+def qid(writer: str, i: int) -> str:
+    return f"{writer}:{T0 + i * SECOND}"
+
+
+NAMES = ["c1", "c2", "c3", "c4", "c5", "c6", "c7", "joins-now", "waits", "stray"]
+
+
+def cid(name: str) -> str:
+    """A click id of the event id form, for a readable name."""
+    return f"10.3.0.1:9:{NAMES.index(name)}"
+
+
+def name(click_id: str) -> str:
+    return NAMES[int(click_id.rsplit(":", 1)[1])]
+
+
+def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us=None, every_bytes=4096):
+    ranges = [ByteRange(f, 0, (query_dir / f).stat().st_size) for f in files]
+    parsed = parse_ranges(spark, "query", query_dir, ranges).persist()
+    ingest_queries(parsed, "dc1", unit, tables, 10, every_bytes, cache_since_us=cache_since_us)
+    progress = writer_progress(parsed)
+    parsed.unpersist()
+    return progress
+
+
+def store(spark, tables, query_dir, every_bytes=4096) -> EventStore:
+    return EventStore(read_table(spark, "query_logs", tables["query_logs"]),
+                      read_table(spark, "log_file_map", tables["log_file_map"]), query_dir, 10, every_bytes, 65536)
+
+
+def clicks_frame(spark, tmp_path, clicks):
+    path = write_lines(tmp_path / "clicks" / "0.jsonl", clicks)
+    return events(parse_ranges(spark, "click", path.parent, [ByteRange("0.jsonl", 0, path.stat().st_size)]))
+
+
+def test_queries_older_than_the_cache_are_found_through_the_log_file_map(tmp_path, spark):
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    # Writer A: 200 queries, one a second, in one file; writer B rotates after 50 queries.
+    write_lines(query_dir / "a" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(200)])
+    write_lines(query_dir / "b" / "0.jsonl", [query(qid("10.1.0.2:8", i), T0 + i * SECOND) for i in range(50)])
+    write_lines(query_dir / "b" / "1.jsonl", [query(qid("10.1.0.2:8", i), T0 + i * SECOND) for i in range(50, 100)])
+    # Only the last 50 s of event time stay in the cache tier.
+    ingest(spark, query_dir, tables, ["a/0.jsonl", "b/0.jsonl", "b/1.jsonl"], "dc1.query.0", cache_since_us=T0 + 150 * SECOND)
+    assert read_table(spark, "query_logs", tables["query_logs"]).count() == 50
+
+    wanted = {"c1": qid("10.1.0.1:7", 5), "c2": qid("10.1.0.1:7", 77), "c3": qid("10.1.0.1:7", 149),
+              "c4": qid("10.1.0.1:7", 180), "c5": qid("10.1.0.2:8", 49), "c6": qid("10.1.0.2:8", 60),
+              "c7": f"10.1.0.1:7:{T0 + 500 * SECOND + 1}"}
+    clicks = clicks_frame(spark, tmp_path, [click(cid(c), q, T0 + 1000 * SECOND) for c, q in wanted.items()])
+    event_store = store(spark, tables, query_dir)
+    found, not_found = event_store.lookup(clicks)
+    matched = {name(r.click_id): r.query.query_id for r in found.collect()}
+    assert matched == {c: q for c, q in wanted.items() if c != "c7"}
+    assert [name(r.click_id) for r in not_found.collect()] == ["c7"]
+    stats = event_store.stats
+    assert (stats.cache_hits, stats.logs_hits, stats.not_found) == (1, 5, 1)
+    # Each lookup read at most the W = 10 s of log between two map entries, not whole files.
+    line = len((query_dir / "a" / "0.jsonl").read_bytes().splitlines()[0]) + 1
+    assert stats.logs_ranges_read == 5 and stats.logs_bytes_read <= 5 * 11 * line
+    event_store.release()
+
+
+def test_the_cache_tier_stays_bounded_while_the_logs_grow(tmp_path, spark):
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    retention = 120 * SECOND
+    for batch in range(8):
+        name = f"a/{batch}.jsonl"
+        write_lines(query_dir / name, [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(batch * 60, batch * 60 + 60)])
+        newest = T0 + (batch * 60 + 59) * SECOND
+        ingest(spark, query_dir, tables, [name], f"dc1.query.{batch}", cache_since_us=newest - retention)
+        evict_from_cache(spark, tables["query_logs"], "dc1", newest - retention, vacuum_retain_hours=0)
+        cached = read_table(spark, "query_logs", tables["query_logs"])
+        assert cached.count() <= 121
+        assert cached.agg(F.min("timestamp_us")).first()[0] >= newest - retention
+    # Evicted rows' files are gone from disk, not only from the table's current version.
+    live = {p.split("/")[-1] for p in read_table(spark, "query_logs", tables["query_logs"]).inputFiles()}
+    on_disk = {p.name for p in (tmp_path / "warehouse" / "query_logs").rglob("*.parquet") if "_delta_log" not in p.parts}
+    assert on_disk == live
+    # The log file map still indexes everything.
+    old = clicks_frame(spark, tmp_path, [click(cid("c1"), qid("10.1.0.1:7", 3), T0)])
+    found, _ = store(spark, tables, query_dir).lookup(old)
+    assert [r.query.query_id for r in found.collect()] == [qid("10.1.0.1:7", 3)]
+
+
+def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoinable(tmp_path, spark):
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    registry = EmbeddedIdRegistry(tmp_path / "ids.duckdb")
+    late_writer = "10.2.0.1:5"
+    write_lines(query_dir / "main" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(10)])
+    progress = QueryProgress()
+
+    def advance(seen):
+        for w, (ts, files) in seen.items():
+            known = progress.writers.setdefault(w, WriterProgress(ts))
+            known.max_ts, known.files = max(known.max_ts, ts), sorted(set(known.files) | set(files))
+
+    advance(ingest(spark, query_dir, tables, ["main/0.jsonl"], "dc1.query.0"))
+    # The late writer's query is logged at T0 + 3 h; its click was logged 3 hours of event time earlier.
+    late_query = qid(late_writer, 3 * 3600)
+    clicks = clicks_frame(spark, tmp_path, [
+        click(cid("joins-now"), qid("10.1.0.1:7", 4), T0 + 5 * SECOND),
+        click(cid("waits"), late_query, T0 + 10 * SECOND),
+        click(cid("stray"), f"10.1.0.1:7:{T0 + 4 * SECOND + 500_000}", T0 + 9 * SECOND),  # its writer is past it
+    ])
+
+    def policy(**overrides):
+        knobs = {"unjoinable_after_seconds": 86400.0, "min_attempts": 2, "backoff_seconds": 2.0,
+                 "backoff_max_seconds": 600.0, **overrides}
+        return PendingPolicy(progress=QueryProgress({k: WriterProgress(v.max_ts, list(v.files)) for k, v in progress.writers.items()}), **knobs)
+
+    def join(frame, token, pending, retrying=False):
+        return join_work_unit(spark, frame, store(spark, tables, query_dir), registry, token, "dc1",
+                              tmp_path / "staging" / token, tables, pending, retrying_pending=retrying)
+
+    first = join(clicks, "dc1.click.0", policy())
+    assert (first.joined, first.pending) == (1, 2)
+    waiting = read_table(spark, "pending_clicks", tables["pending_clicks"])
+    digest = policy().digest(spark, tables["pending_clicks"], "dc1")
+    assert digest.pending == 2 and digest.retry_at is None and set(digest.needs) == {late_writer, "10.1.0.1:7"}
+    # No new query data: no retry is due, now or later.
+    assert not pending_retry_decision(digest, progress, 86400).ready
+    assert policy().due(waiting, now=time.time() + 3600).count() == 0
+
+    # The late writer's logs arrive, with the click's query three hours of event time later.
+    write_lines(query_dir / "late" / "0.jsonl", [query(late_query, T0 + 3 * 3600 * SECOND)])
+    advance(ingest(spark, query_dir, tables, ["late/0.jsonl"], "dc1.query.1"))
+    assert pending_retry_decision(digest, progress, 86400).ready
+    due = policy().due(read_table(spark, "pending_clicks", tables["pending_clicks"]), now=time.time() + 3)
+    assert [name(r.click_id) for r in due.collect()] == ["waits"]
+    retried = join(due, "dc1.pending.0", policy(), retrying=True)
+    assert (retried.joined, retried.pending) == (1, 0)
+    left = read_table(spark, "pending_clicks", tables["pending_clicks"]).collect()
+    assert [(name(r.click_id), r.attempts) for r in left] == [("stray", 1)]
+
+    # The stray click is now far behind the query stream: one last lookup, then unjoinable.
+    aged = policy(unjoinable_after_seconds=3600)
+    due = aged.due(read_table(spark, "pending_clicks", tables["pending_clicks"]), now=time.time() + 3)
+    final = join(due, "dc1.pending.1", aged, retrying=True)
+    assert (final.given_up, final.pending) == (1, 0)
+    [row] = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"]).collect()
+    assert name(row.click_id) == "stray" and row.reason.startswith("query not found in 2 lookups")
+    assert read_table(spark, "pending_clicks", tables["pending_clicks"]).count() == 0
+    joined = read_table(spark, "joined_clicks", tables["joined_clicks"])
+    assert sorted(name(r.click_id) for r in joined.collect()) == ["joins-now", "waits"]
+    registry.close()
