@@ -20,7 +20,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     ledger = read_table(spark, "click_ledger", tables["click_ledger"]).where(in_scope).persist()
     staged = layout.staging / "summary"
     shutil.rmtree(staged, ignore_errors=True)
-    registered = unstage(spark, embedded_registry(layout.registry_file).scan(), staged)
+    registered = unstage(spark, embedded_registry(layout.registry_dir).scan(), staged)
     try:
         seen = ledger.count()
         per_dc_distinct = ledger.select("dc", "click_id").distinct().count()
