@@ -5,7 +5,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from photon.layout import TABLES
-from resources.registry import EmbeddedIdRegistry
+from resources.registry_shards import ShardedIdRegistry
 from spark_ops.ingest import ingest_queries
 from spark_ops.join import CRASH_POINTS, join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges
@@ -34,7 +34,7 @@ def world(tmp_path, spark):
     parsed = parse_ranges(spark, "query", logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)])
     ingest_queries(parsed, "dc1", "dc1.query.0", tables, 10, 1 << 20)
     clicks = events(parse_ranges(spark, "click", logs / "click", [ByteRange("w/0.jsonl", 0, cfile.stat().st_size)]))
-    registry = EmbeddedIdRegistry(tmp_path / "ids.duckdb")
+    registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     yield {"spark": spark, "tables": tables, "clicks": clicks, "registry": registry, "tmp": tmp_path}
     registry.close()
 
@@ -87,7 +87,7 @@ def test_another_work_unit_is_skipped_by_lookup_and_refused_by_commit(world):
     other = run(world, token="dc2.click.0", dc="dc2")
     assert (other.skipped_registered, other.joined) == (7, 0)
 
-    class StaleLookup(EmbeddedIdRegistry):
+    class StaleLookup(ShardedIdRegistry):
         """A registry whose lookup answered before the other datacenter committed."""
 
         def lookup(self, ids):
