@@ -16,8 +16,8 @@ from photon_assets.checks import ALL_CHECKS
 from photon_assets.clicks import click_aggregates, join_clicks
 from photon_assets.jobs import ingest_queries_job, join_clicks_job, verify_job
 from photon_assets.queries import ingest_query_logs
-from resources.registry import IdRegistryResource
-from resources.settings import PipelineSettings
+from resources.registry import registry_resource_from_env
+from resources.settings import pipeline_settings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
@@ -37,7 +37,7 @@ defs = dg.Definitions(
     resources={
         "spark": SparkResource(),
         "warehouse": WarehouseResource(data_dir=data_dir),
-        "registry": IdRegistryResource(data_dir=data_dir, mode=os.environ.get("PHOTON_REGISTRY_MODE", "embedded")),
-        "settings": PipelineSettings(),
+        "registry": registry_resource_from_env(data_dir),
+        "settings": pipeline_settings(),
     },
 )

@@ -3,6 +3,7 @@
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,22 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object, last line")
     r.add_argument("--timeout-seconds", type=float, default=3600.0, help="give up (state kept) after this long")
     r.add_argument("--verbose", action="store_true", help="log every tick and run event")
+
+    reg = commands.add_parser("registry", help="the IdRegistry service (shared secret: env PHOTON_REGISTRY_SECRET)")
+    actions = reg.add_subparsers(dest="registry_command", required=True, parser_class=OneLineParser)
+    s = actions.add_parser("serve", help="serve the registry under DIR/registry until SIGTERM/SIGINT")
+    s.add_argument("--data-dir", required=True, type=Path)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", required=True, type=int, help="0 picks a free port (see --ready-file)")
+    s.add_argument("--shards", type=int, default=1, help="initial shard count of a new registry")
+    s.add_argument("--gc-threshold-days", type=float, default=3.0)
+    s.add_argument("--ready-file", type=Path, help="write the bound HOST:PORT here once serving")
+    st = actions.add_parser("stats", help="print the server's counters and shard configuration as JSON")
+    st.add_argument("--address", required=True, help="HOST:PORT")
+    rs = actions.add_parser("reshard", help="use N shards for ids from a future time on")
+    rs.add_argument("--address", required=True, help="HOST:PORT")
+    rs.add_argument("--shards", required=True, type=int)
+    rs.add_argument("--effective-at-us", type=int, help="default: now + the server's max clock skew")
     return top
 
 
@@ -88,10 +105,38 @@ def command_run(args) -> int:
     return 0
 
 
+def command_registry(args) -> int:
+    from resources.registry_service import SECRET_ENV, RemoteIdRegistry, serve
+
+    secret = os.environ.get(SECRET_ENV) or None
+    if args.registry_command == "serve":
+        if not 0 <= args.port < 65536:
+            raise ValueError(f"--port {args.port} is not a port number")
+        if args.shards < 1:
+            raise ValueError(f"--shards must be at least 1, got {args.shards}")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+        serve(args.data_dir, args.host, args.port, args.shards, args.gc_threshold_days, secret, args.ready_file)
+        return 0
+    # The one-line error below is the report; per-attempt retry warnings would only repeat it.
+    logging.getLogger("resources.registry_service").setLevel(logging.ERROR)
+    registry = RemoteIdRegistry(args.address, secret, timeout_seconds=10, max_attempts=3)
+    try:
+        if args.registry_command == "stats":
+            print(json.dumps(registry.stats(), indent=2, sort_keys=True))
+        else:
+            print(json.dumps(registry.reshard(args.shards, args.effective_at_us), indent=2))
+    except (ConnectionError, PermissionError) as error:
+        print(f"photon: error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        registry.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"gen": command_gen, "run": command_run}[args.command](args)
+        return {"gen": command_gen, "run": command_run, "registry": command_registry}[args.command](args)
     except ValueError as error:
         print(f"photon: error: {error}", file=sys.stderr)
         return 2

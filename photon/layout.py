@@ -38,8 +38,8 @@ class DataLayout:
         return str(self.warehouse / name)
 
     @property
-    def registry_file(self) -> Path:
-        return self.root / "registry" / "ids.duckdb"
+    def registry_dir(self) -> Path:
+        return self.root / "registry"
 
     @property
     def dispatcher_state(self) -> Path:

@@ -10,11 +10,14 @@ The instance on disk (`<data-dir>/dagster`) is the one `dagster dev` opens: runs
 materializations and check results of headless runs all show in the UI.
 """
 
+import ctypes
 import fcntl
 import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -30,7 +33,7 @@ from dagster._daemon.sensor import execute_sensor_iteration
 
 from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, DataLayout
 from photon.summary import summarize
-from resources.settings import PipelineSettings
+from resources.settings import pipeline_settings
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from photon_assets.work_unit import PENDING
 from sensors.retries import UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
@@ -126,6 +129,61 @@ def remote_sensors(context: WorkspaceProcessContext) -> list:
     return sensors
 
 
+REGISTRY_ADDRESS_ENV = "PHOTON_REGISTRY_ADDRESS"
+REGISTRY_MODE_ENV = "PHOTON_REGISTRY_MODE"
+REGISTRY_START_SECONDS = 60.0
+
+
+def _die_with_parent() -> None:
+    """In the registry child: SIGTERM when `photon run` dies, even by SIGKILL (Linux prctl)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@contextmanager
+def registry_service(layout: DataLayout, log: logging.Logger):
+    """Uses the registry service at PHOTON_REGISTRY_ADDRESS, or starts a local one on the data
+    directory's registry files for the duration of this `photon run` (DESIGN: the README's commands
+    keep working with nothing else running)."""
+    if os.environ.get(REGISTRY_ADDRESS_ENV):
+        os.environ[REGISTRY_MODE_ENV] = "service"
+        yield os.environ[REGISTRY_ADDRESS_ENV]
+        return
+    ready = layout.root / "state" / "registry.address"
+    ready.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + REGISTRY_START_SECONDS
+    with open(layout.root / "state" / "registry.log", "ab") as output:
+        while True:
+            ready.unlink(missing_ok=True)
+            server = subprocess.Popen(
+                [sys.executable, "-m", "photon.cli", "registry", "serve", "--data-dir", str(layout.root),
+                 "--port", "0", "--ready-file", str(ready)],
+                stdout=output, stderr=output, cwd=REPO_ROOT, preexec_fn=_die_with_parent,
+            )
+            while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if ready.exists():
+                break
+            server.kill()
+            server.wait()
+            # A server of a `photon run` that just died may still be closing the registry files.
+            if time.monotonic() >= deadline:
+                raise RunnerError(f"the local registry service did not start; see {layout.root / 'state' / 'registry.log'}")
+            time.sleep(1.0)
+        address = ready.read_text().strip()
+        log.info("local registry service at %s", address)
+        os.environ[REGISTRY_ADDRESS_ENV], os.environ[REGISTRY_MODE_ENV] = address, "service"
+        try:
+            yield address
+        finally:
+            del os.environ[REGISTRY_ADDRESS_ENV]
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
 def run_until_idle(
     layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING"
 ) -> dict:
@@ -133,7 +191,7 @@ def run_until_idle(
     waits for a retry; then verifies the output and returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
-    with exclusive(layout):
+    with exclusive(layout), registry_service(layout, log):
         instance = headless_instance(layout)
         orphans = fail_orphaned_runs(instance)
         if orphans:
@@ -178,7 +236,7 @@ def run_until_idle(
 def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: DataLayout, datacenters: list[str]) -> list[str]:
     """Work the sensors will launch without any new input: click work held back by pacing, and
     pending clicks joinable with the data present once their retry backoff is over."""
-    settings = PipelineSettings()
+    settings = pipeline_settings()
     waiting = []
     for sensor in sensors:
         state = instance.get_instigator_state(sensor.get_remote_origin_id(), sensor.selector_id)

@@ -6,7 +6,7 @@ import dagster as dg
 from pyspark.sql import functions as F
 
 from photon.layout import TABLES, DataLayout
-from resources.registry import embedded_registry
+from resources.registry import registry_resource_from_env
 from resources.spark import delta_session
 from sensors.retries import work_units_failed_for_good
 from spark_ops.handoff import unstage
@@ -20,7 +20,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     ledger = read_table(spark, "click_ledger", tables["click_ledger"]).where(in_scope).persist()
     staged = layout.staging / "summary"
     shutil.rmtree(staged, ignore_errors=True)
-    registered = unstage(spark, embedded_registry(layout.registry_file).scan(), staged)
+    registered = unstage(spark, registry_resource_from_env(str(layout.root)).get().scan(), staged)
     unjoinable = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"])
     try:
         seen = ledger.count()

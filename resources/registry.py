@@ -4,160 +4,102 @@ A commit registers each id if and only if it is absent, storing the committer's 
 Committing an id that is already there with the *same* token succeeds again: that is a retry of the
 same work unit that lost its answer or crashed before writing output (Photon §3.3.2). Any other
 token is refused. Once a work unit's output is durable its tokens are cleared; ids then stay
-registered with a NULL token, and only ids whose output is unconfirmed keep a token.
+registered with a NULL token, and only ids whose output is unconfirmed keep a token. Ids older than
+their shard's garbage-collection boundary are answered 'too_old' (§2.3).
 
 Batches travel as Arrow data (tables, record batch readers or datasets such as the Parquet a Spark
-job staged), so ids are scanned by DuckDB directly and never become Python objects.
+job staged), so ids are handled by DuckDB and Arrow compute and never become Python objects.
+
+Two implementations: `registry_shards.ShardedIdRegistry` in this process (mode "embedded"), and
+`registry_service.RemoteIdRegistry`, a client of a registry server (mode "service").
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import dagster as dg
-import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 from pydantic import PrivateAttr
 
-ArrowSource = Union[pa.Table, pa.RecordBatchReader, ds.Dataset]
+if TYPE_CHECKING:
+    from resources.registry_shards import ShardedIdRegistry
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS registered_ids (
-    click_id     VARCHAR PRIMARY KEY,
-    timestamp_us BIGINT NOT NULL,
-    token        VARCHAR,
-    committed_at TIMESTAMP NOT NULL DEFAULT now()
-)
-"""
+ArrowSource = Union[pa.Table, pa.RecordBatchReader, ds.Dataset]
 
 
 class IdRegistry(ABC):
-    """What the pipeline needs from a registry, whatever process holds the ids."""
+    """What the pipeline needs from a registry, whatever process holds the ids.
+
+    Inputs are Arrow sources with columns `click_id` (string) and `timestamp_us` (int64); the
+    timestamp chooses the id's shard and decides whether it is older than the GC boundary."""
 
     @abstractmethod
-    def lookup(self, ids: ArrowSource) -> pa.RecordBatchReader:
-        """Of the `click_id`s given, those registered, with their token (NULL once cleared)."""
+    def lookup(self, events: ArrowSource) -> pa.Table:
+        """One row (click_id, token, status) per distinct input id that is registered (status
+        'registered'; token NULL once cleared) or older than its shard's GC boundary ('too_old',
+        token NULL). Unregistered ids are absent."""
 
     @abstractmethod
-    def commit(self, events: ArrowSource, token: str) -> pa.RecordBatchReader:
-        """Conditionally register `(click_id, timestamp_us)` rows for `token`, as one transaction.
+    def commit(self, events: ArrowSource, token: str) -> pa.Table:
+        """Conditionally register the ids for `token`; duplicates keep their earliest timestamp.
 
-        Returns the `click_id`s now held by `token`: newly registered ones and ones this token had
-        registered before. Every other id was refused (held by another token, or cleared)."""
+        One row (click_id, status) per distinct input id: 'held' (registered now, or earlier by this
+        token), 'refused' (held by another token, or cleared) or 'too_old' (not registered)."""
 
     @abstractmethod
     def clear_tokens(self, token: str) -> int:
         """Forget `token` on its ids (their output is durable); returns how many ids it held."""
 
     @abstractmethod
-    def scan(self) -> pa.RecordBatchReader:
-        """Every registered id with its timestamp and token, for verification."""
+    def delete(self, events: ArrowSource) -> int:
+        """Recovery: unregister these ids; returns how many were registered."""
 
     @abstractmethod
-    def stats(self) -> dict[str, int]:
-        """Counters: ids registered, ids holding a token, commit transactions, ids committed."""
+    def scan(self) -> pa.RecordBatchReader:
+        """Every registered id (click_id, timestamp_us, token), all shards, for verification."""
 
+    @abstractmethod
+    def stats(self) -> dict:
+        """JSON-serialisable counters: 'total', per shard 'shards', 'configuration', GC boundaries."""
+
+    @abstractmethod
+    def reshard(self, shards: int, effective_at_us: int | None = None) -> list[dict]:
+        """Use `shards` shards for ids from `effective_at_us` on; returns the shard configuration."""
+
+    @abstractmethod
+    def collect_garbage(self) -> dict:
+        """Run one garbage-collection pass now; returns the boundaries and the ids deleted."""
+
+    def for_executors(self) -> "IdRegistry | None":
+        """A picklable client Spark tasks can call directly, or None if the registry lives in this
+        process only (then ids travel through the driver)."""
+        return None
+
+    @abstractmethod
     def close(self) -> None:
         """Release the registry's resources."""
 
 
-class EmbeddedIdRegistry(IdRegistry):
-    """The registry in an embedded DuckDB file. DuckDB admits one process per file, so this mode is
-    for a single process (the `photon run` runner, tests); a service mode arrives with issue 3."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._con = duckdb.connect(str(path))
-        self._con.execute(SCHEMA)
-        # Transactions that insert overlapping keys conflict at COMMIT even inside one process, so
-        # commits are serialised; each call gets its own cursor so results can be read afterwards.
-        self._write_lock = threading.Lock()
-        self._transactions = 0
-        self._ids_committed = 0
-
-    def for_executors(self):
-        return None
-
-    def lookup(self, ids: ArrowSource) -> pa.Table:
-        cur = self._con.cursor()
-        cur.register("lookup_ids", ids)
-        return cur.sql(
-            "SELECT r.click_id, r.token, 'registered' AS status FROM registered_ids r "
-            "SEMI JOIN lookup_ids l ON r.click_id = l.click_id"
-        ).to_arrow_table()
-
-    def commit(self, events: ArrowSource, token: str) -> pa.RecordBatchReader:
-        cur = self._con.cursor()
-        cur.register("commit_events", events)
-        with self._write_lock:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                # Duplicates inside one batch keep their earliest timestamp.
-                cur.execute(
-                    "CREATE OR REPLACE TEMP TABLE batch AS "
-                    "SELECT click_id, min(timestamp_us) AS timestamp_us FROM commit_events GROUP BY click_id"
-                )
-                cur.execute(
-                    "INSERT INTO registered_ids (click_id, timestamp_us, token) "
-                    "SELECT click_id, timestamp_us, ? FROM batch ON CONFLICT DO NOTHING",
-                    [token],
-                )
-                cur.execute(
-                    "CREATE OR REPLACE TEMP TABLE winners AS "
-                    "SELECT b.click_id FROM batch b JOIN registered_ids r USING (click_id) WHERE r.token = ?",
-                    [token],
-                )
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            self._transactions += 1
-        n = cur.sql("SELECT count(*) FROM batch").fetchall()[0][0]
-        self._ids_committed += n
-        return cur.sql(
-            "SELECT b.click_id, CASE WHEN w.click_id IS NULL THEN 'refused' ELSE 'held' END AS status "
-            "FROM batch b LEFT JOIN winners w USING (click_id)"
-        ).to_arrow_table()
-
-    def clear_tokens(self, token: str) -> int:
-        with self._write_lock:
-            return self._con.cursor().execute(
-                "UPDATE registered_ids SET token = NULL WHERE token = ?", [token]
-            ).fetchall()[0][0]
-
-    def scan(self) -> pa.RecordBatchReader:
-        return self._con.cursor().sql(
-            "SELECT click_id, timestamp_us, token FROM registered_ids"
-        ).to_arrow_reader()
-
-    def stats(self) -> dict[str, int]:
-        ids, tokened = self._con.cursor().sql("SELECT count(*), count(token) FROM registered_ids").fetchall()[0]
-        return {
-            "ids_registered": ids,
-            "ids_with_token": tokened,
-            "commit_transactions": self._transactions,
-            "ids_committed": self._ids_committed,
-        }
-
-    def close(self) -> None:
-        self._con.close()
-
-
-_embedded: dict[Path, EmbeddedIdRegistry] = {}
+_embedded: dict[Path, "ShardedIdRegistry"] = {}
 _embedded_lock = threading.Lock()
 
 
-def embedded_registry(path: Path) -> EmbeddedIdRegistry:
-    """One connection per file per process, shared by every run the process executes."""
-    path = path.resolve()
+def embedded_registry(directory: Path) -> "ShardedIdRegistry":
+    """One registry per directory per process: DuckDB lets one process hold a file, and every run
+    the process executes shares it."""
+    from resources.registry_shards import ShardedIdRegistry
+
+    directory = Path(directory).resolve()
     with _embedded_lock:
-        if path not in _embedded:
-            _embedded[path] = EmbeddedIdRegistry(path)
-        return _embedded[path]
+        if directory not in _embedded:
+            _embedded[directory] = ShardedIdRegistry(directory)
+        return _embedded[directory]
 
 
 def close_embedded_registries() -> None:
@@ -168,18 +110,46 @@ def close_embedded_registries() -> None:
 
 
 class IdRegistryResource(dg.ConfigurableResource):
-    """Chooses the registry implementation. `embedded`: DuckDB file under the data directory."""
+    """Chooses the registry implementation.
+
+    - `embedded`: the sharded registry in this process, under `<data_dir>/registry/`.
+    - `service`: a client of the registry server at `address` ("host:port"), started with
+      `photon registry serve`. If the server has a shared secret, set `secret` from the environment
+      so it stays out of run configuration: `secret=dg.EnvVar("PHOTON_REGISTRY_SECRET")`.
+    """
 
     data_dir: str
     mode: str = "embedded"
+    address: str | None = None
+    secret: str | None = None
 
     _registry: IdRegistry | None = PrivateAttr(default=None)
 
     def get(self) -> IdRegistry:
         if self._registry is None:
-            if self.mode != "embedded":
-                raise dg.Failure(f"unknown registry mode {self.mode!r} (supported: embedded)")
-            from photon.layout import DataLayout
+            if self.mode == "embedded":
+                from photon.layout import DataLayout
 
-            self._registry = embedded_registry(DataLayout(Path(self.data_dir)).registry_file)
+                self._registry = embedded_registry(DataLayout(Path(self.data_dir)).registry_dir)
+            elif self.mode == "service":
+                if not self.address:
+                    raise dg.Failure("registry mode 'service' needs an address (host:port)")
+                from resources.registry_service import RemoteIdRegistry
+
+                self._registry = RemoteIdRegistry(self.address, self.secret)
+            else:
+                raise dg.Failure(f"unknown registry mode {self.mode!r} (supported: embedded, service)")
         return self._registry
+
+
+def registry_resource_from_env(data_dir: str) -> IdRegistryResource:
+    """The registry this deployment uses: the service at PHOTON_REGISTRY_ADDRESS if set (`photon
+    run` sets it to the local service it starts), else the embedded one; PHOTON_REGISTRY_MODE
+    overrides the choice."""
+    address = os.environ.get("PHOTON_REGISTRY_ADDRESS")
+    return IdRegistryResource(
+        data_dir=data_dir,
+        mode=os.environ.get("PHOTON_REGISTRY_MODE") or ("service" if address else "embedded"),
+        address=address,
+        secret=dg.EnvVar("PHOTON_REGISTRY_SECRET") if os.environ.get("PHOTON_REGISTRY_SECRET") else None,
+    )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import dagster as dg
+
+SETTINGS_ENV = "PHOTON_SETTINGS"
 
 
 class PipelineSettings(dg.ConfigurableResource):
@@ -39,3 +44,8 @@ class PipelineSettings(dg.ConfigurableResource):
     # pacing off.
     pacing_margin_seconds: float = 300.0
     pacing_max_hold_seconds: float = 600.0
+
+
+def pipeline_settings() -> PipelineSettings:
+    """The settings of this deployment: defaults, overridden by PHOTON_SETTINGS (a JSON object)."""
+    return PipelineSettings(**json.loads(os.environ.get(SETTINGS_ENV) or "{}"))

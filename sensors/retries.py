@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from photon_assets.work_unit import TAG_ATTEMPT, TAG_DC, TAG_WORK_UNIT
-from resources.settings import PipelineSettings
+from resources.settings import PipelineSettings, pipeline_settings
 
 UNFINISHED = {
     dg.DagsterRunStatus.NOT_STARTED,
@@ -82,7 +82,7 @@ def plan_retries(
 
 
 def _failed_work_units(instance: dg.DagsterInstance, exhausted: bool) -> set[str]:
-    max_attempts = PipelineSettings().max_attempts
+    max_attempts = pipeline_settings().max_attempts
     records = _failed_latest_attempts(instance, dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
     return {
         r.dagster_run.tags[TAG_WORK_UNIT]

@@ -35,9 +35,9 @@ def _typed(answer: pa.Table, schema: T.StructType) -> pa.Table:
 
 def _per_partition(call, schema: T.StructType):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches))
-        if table.num_rows:
-            yield from _typed(call(table), schema).to_batches()
+        batches = [b for b in batches if b.num_rows]
+        if batches:
+            yield from _typed(call(pa.Table.from_batches(batches)), schema).to_batches()
 
     return run
 

@@ -5,7 +5,7 @@ import time
 from pyspark.sql import functions as F
 
 from photon.layout import TABLES
-from resources.registry import EmbeddedIdRegistry
+from resources.registry_shards import ShardedIdRegistry
 from sensors.stream_state import QueryProgress, WriterProgress, pending_retry_decision
 from spark_ops.event_store import EventStore, evict_from_cache
 from spark_ops.ingest import ingest_queries, writer_progress
@@ -108,7 +108,7 @@ def test_the_cache_tier_stays_bounded_while_the_logs_grow(tmp_path, spark):
 def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoinable(tmp_path, spark):
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
-    registry = EmbeddedIdRegistry(tmp_path / "ids.duckdb")
+    registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     late_writer = "10.2.0.1:5"
     write_lines(query_dir / "main" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(10)])
     progress = QueryProgress()

@@ -1,0 +1,527 @@
+"""The sharded IdRegistry engine (Photon §2.2): registry threads, server-side batching, time-based
+resharding and garbage collection, in one process.
+
+This is the embedded registry, and the engine `registry_service.RegistryServer` puts behind Arrow
+Flight. Layout of its directory:
+
+- `meta.duckdb`: the shard configuration, rows (start_us, end_us, shards); end NULL means ∞.
+- `shard-0000.duckdb`, ...: one DuckDB file per physical shard with `registered_ids` and a one-row
+  `gc_boundary`. A configuration of n shards uses physical shards 0..n-1.
+
+An id's shard is `stable_hash(click_id) % shards_at(timestamp_us)` (see `shard_of`), so the id stays
+on the shard it was committed to however the configuration changes later (§2.2.2).
+
+Each shard has a request queue and one registry thread that owns the shard's connection (§2.2.1).
+The thread blocks for a request, drains everything queued (up to `MAX_IDS_PER_TRANSACTION` ids) and
+applies the batch as one DuckDB transaction, in arrival order, resolving conflicts inside the batch
+application-side: the earliest-queued commit wins an absent id. Futures are answered only after the
+transaction is committed, so an answered commit is durable.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from resources.registry import ArrowSource, IdRegistry
+
+log = logging.getLogger(__name__)
+
+MAX_IDS_PER_TRANSACTION = 100_000
+US_PER_DAY = 86_400_000_000
+
+EVENTS_SCHEMA = pa.schema([("click_id", pa.string()), ("timestamp_us", pa.int64())])
+LOOKUP_SCHEMA = pa.schema([("click_id", pa.string()), ("token", pa.string()), ("status", pa.string())])
+COMMIT_SCHEMA = pa.schema([("click_id", pa.string()), ("status", pa.string())])
+SCAN_SCHEMA = pa.schema([("click_id", pa.string()), ("timestamp_us", pa.int64()), ("token", pa.string())])
+
+# The stable hash, vectorised: DuckDB's md5_number is the 16-byte MD5 digest of the UTF-8 string read
+# as a little-endian unsigned 128-bit integer (checked against hashlib by the tests, so a DuckDB
+# upgrade that changed it would be caught). Neither Python's hash() nor DuckDB's hash() is stable.
+HASH_SQL = "md5_number(click_id)"
+
+SHARD_SCHEMA = """
+CREATE TABLE IF NOT EXISTS registered_ids (
+    click_id     VARCHAR PRIMARY KEY,
+    timestamp_us BIGINT NOT NULL,
+    token        VARCHAR,
+    committed_at TIMESTAMP NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS gc_boundary (boundary_us BIGINT NOT NULL);
+"""
+
+META_SCHEMA = "CREATE TABLE IF NOT EXISTS shard_config (start_us BIGINT NOT NULL, end_us BIGINT, shards INTEGER NOT NULL)"
+
+
+class RegistryClosed(RuntimeError):
+    """The registry was closed; it accepts no more requests."""
+
+
+def shard_of(click_id: str, shards: int) -> int:
+    """The reference definition of the shard hash: MD5 of the UTF-8 id as a little-endian integer."""
+    return int.from_bytes(hashlib.md5(click_id.encode("utf-8")).digest(), "little") % shards
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def as_events(events: ArrowSource) -> pa.Table:
+    """The (click_id, timestamp_us) columns of any Arrow source, as a table of the registry's types."""
+    if isinstance(events, ds.Dataset):
+        table = events.to_table(columns=list(EVENTS_SCHEMA.names))
+    elif isinstance(events, pa.RecordBatchReader):
+        table = events.read_all()
+    else:
+        table = events
+    missing = set(EVENTS_SCHEMA.names) - set(table.column_names)
+    if missing:
+        raise ValueError(f"registry input lacks column(s) {sorted(missing)}: needs click_id, timestamp_us")
+    return table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
+
+
+def split_sorted(table: pa.Table, column: str, keys: int) -> list[pa.Table]:
+    """Slices of `table`, sorted by the integer `column`, for key 0..keys-1 (empty where absent)."""
+    values = table.column(column).to_numpy()
+    offsets = np.searchsorted(values, np.arange(keys + 1))
+    rest = table.drop_columns([column])
+    return [rest.slice(offsets[k], offsets[k + 1] - offsets[k]) for k in range(keys)]
+
+
+@dataclass
+class _Request:
+    op: str  # commit | lookup | delete | clear | gc
+    future: Future = field(default_factory=Future)
+    events: pa.Table | None = None
+    token: str | None = None
+    now_us: int = 0
+
+    @property
+    def ids(self) -> int:
+        return 0 if self.events is None else self.events.num_rows
+
+
+class _Shard:
+    """One physical shard: its DuckDB file, request queue and registry thread."""
+
+    def __init__(self, index: int, path: Path, gc_threshold_us: int):
+        self.index = index
+        self.gc_threshold_us = gc_threshold_us
+        self.con = duckdb.connect(str(path))
+        self.con.execute(SHARD_SCHEMA)
+        if not self.con.sql("SELECT count(*) FROM gc_boundary").fetchall()[0][0]:
+            self.con.execute("INSERT INTO gc_boundary VALUES (0)")
+        self.boundary_us: int = self.con.sql("SELECT boundary_us FROM gc_boundary").fetchall()[0][0]
+        # Stats and scans read through their own connection so they never wait for the thread.
+        self.reader = self.con.cursor()
+        self.reader_lock = threading.Lock()
+        self.queue: collections.deque[_Request] = collections.deque()
+        self.cond = threading.Condition()
+        self.closing = False
+        self.gate = threading.Event()  # cleared by ShardedIdRegistry.paused() (tests)
+        self.gate.set()
+        self.requests_received = 0
+        self.transactions = 0
+        self.ids_in_transactions = 0
+        self.requests_in_transactions = 0
+        self.max_ids_per_transaction = 0
+        self.thread = threading.Thread(target=self._run, name=f"registry-thread-{index}", daemon=True)
+        self.thread.start()
+
+    def submit(self, request: _Request) -> Future:
+        with self.cond:
+            if self.closing:
+                raise RegistryClosed("the registry is closed")
+            self.queue.append(request)
+            self.requests_received += 1
+            self.cond.notify()
+        return request.future
+
+    def close(self) -> None:
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+        self.gate.set()
+        self.thread.join()
+        self.reader.close()
+        self.con.close()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.closing:
+                    self.cond.wait()
+                if not self.queue:
+                    return
+            self.gate.wait()
+            with self.cond:
+                batch = [self.queue.popleft()]
+                ids = batch[0].ids
+                while self.queue and ids + self.queue[0].ids <= MAX_IDS_PER_TRANSACTION:
+                    batch.append(self.queue.popleft())
+                    ids += batch[-1].ids
+            self._apply(batch, ids)
+
+    def _apply(self, batch: list[_Request], ids: int) -> None:
+        boundary_before = self.boundary_us
+        try:
+            self.con.execute("BEGIN TRANSACTION")
+            answers: list = []
+            for group in _consecutive(batch):
+                answers.extend(getattr(self, f"_apply_{group[0].op}")(group))
+            self.con.execute("COMMIT")
+        except BaseException as error:
+            self.boundary_us = boundary_before
+            with contextlib.suppress(duckdb.Error):
+                self.con.execute("ROLLBACK")
+            for request in batch:
+                request.future.set_exception(error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        self.transactions += 1
+        self.ids_in_transactions += ids
+        self.requests_in_transactions += len(batch)
+        self.max_ids_per_transaction = max(self.max_ids_per_transaction, ids)
+        for request, answer in zip(batch, answers):
+            request.future.set_result(answer)
+
+    def _incoming(self, group: list[_Request]) -> None:
+        """Registers the group's events as `incoming` with a `seq` column: position in the group."""
+        parts = [
+            r.events.append_column("seq", pa.array(np.full(r.ids, i, dtype=np.int32)))
+            for i, r in enumerate(group)
+        ]
+        self.con.register("incoming", pa.concat_tables(parts))
+
+    def _apply_commit(self, group: list[_Request]) -> list[pa.Table]:
+        self._incoming(group)
+        self.con.register("tokens", pa.table({"seq": pa.array(range(len(group)), pa.int32()),
+                                              "token": [r.token for r in group]}))
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE req AS "
+            "SELECT i.seq, i.click_id, min(i.timestamp_us) AS timestamp_us, any_value(t.token) AS token "
+            "FROM incoming i JOIN tokens t USING (seq) GROUP BY i.seq, i.click_id"
+        )
+        # Conflict resolution inside the batch: for an absent id, the earliest-queued request wins.
+        self.con.execute(
+            "INSERT INTO registered_ids (click_id, timestamp_us, token) "
+            "SELECT click_id, arg_min(timestamp_us, seq), arg_min(token, seq) FROM req "
+            "WHERE timestamp_us >= $b GROUP BY click_id ON CONFLICT DO NOTHING",
+            {"b": self.boundary_us},
+        )
+        result = self.con.sql(
+            "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN 'too_old' "
+            "WHEN r.token = q.token THEN 'held' ELSE 'refused' END AS status "
+            "FROM req q LEFT JOIN registered_ids r USING (click_id) ORDER BY q.seq",
+            params={"b": self.boundary_us},
+        ).to_arrow_table()
+        self.con.unregister("incoming")
+        self.con.unregister("tokens")
+        return split_sorted(result, "seq", len(group))
+
+    def _apply_lookup(self, group: list[_Request]) -> list[pa.Table]:
+        self._incoming(group)
+        result = self.con.sql(
+            "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN NULL ELSE r.token END AS token, "
+            "CASE WHEN q.timestamp_us < $b THEN 'too_old' ELSE 'registered' END AS status "
+            "FROM (SELECT seq, click_id, min(timestamp_us) AS timestamp_us FROM incoming GROUP BY seq, click_id) q "
+            "LEFT JOIN registered_ids r USING (click_id) "
+            "WHERE q.timestamp_us < $b OR r.click_id IS NOT NULL ORDER BY q.seq",
+            params={"b": self.boundary_us},
+        ).to_arrow_table()
+        self.con.unregister("incoming")
+        return split_sorted(result, "seq", len(group))
+
+    def _apply_delete(self, group: list[_Request]) -> list[int]:
+        answers = []
+        for request in group:
+            self.con.register("doomed", request.events)
+            answers.append(self.con.sql(
+                "DELETE FROM registered_ids WHERE click_id IN (SELECT click_id FROM doomed)"
+            ).fetchall()[0][0])
+            self.con.unregister("doomed")
+        return answers
+
+    def _apply_clear(self, group: list[_Request]) -> list[int]:
+        return [
+            self.con.sql("UPDATE registered_ids SET token = NULL WHERE token = $t", params={"t": r.token}).fetchall()[0][0]
+            for r in group
+        ]
+
+    def _apply_gc(self, group: list[_Request]) -> list[dict]:
+        """Advances the GC boundary to min(now, newest committed timestamp) - threshold, never back."""
+        answers = []
+        for request in group:
+            newest = self.con.sql("SELECT max(timestamp_us) FROM registered_ids").fetchall()[0][0]
+            deleted = 0
+            if newest is not None:
+                proposal = min(request.now_us, newest) - self.gc_threshold_us
+                if proposal > self.boundary_us:
+                    self.con.execute("UPDATE gc_boundary SET boundary_us = $b", {"b": proposal})
+                    deleted = self.con.sql(
+                        "DELETE FROM registered_ids WHERE timestamp_us < $b", params={"b": proposal}
+                    ).fetchall()[0][0]
+                    self.boundary_us = proposal
+            answers.append({"boundary_us": self.boundary_us, "deleted": deleted})
+        return answers
+
+    def counts(self) -> tuple[int, int]:
+        with self.reader_lock:
+            return self.reader.sql("SELECT count(*), count(token) FROM registered_ids").fetchall()[0]
+
+    def scan(self) -> pa.Table:
+        with self.reader_lock:
+            return self.reader.sql("SELECT click_id, timestamp_us, token FROM registered_ids").to_arrow_table()
+
+    def stats(self) -> dict:
+        ids, tokened = self.counts()
+        transactions = self.transactions
+        return {
+            "shard": self.index,
+            "requests_received": self.requests_received,
+            "transactions": transactions,
+            "ids_in_transactions": self.ids_in_transactions,
+            "requests_in_transactions": self.requests_in_transactions,
+            "ids_per_transaction_mean": self.ids_in_transactions / transactions if transactions else 0.0,
+            "ids_per_transaction_max": self.max_ids_per_transaction,
+            "requests_per_transaction_mean": self.requests_in_transactions / transactions if transactions else 0.0,
+            "ids_registered": ids,
+            "ids_with_token": tokened,
+            "gc_boundary_us": self.boundary_us,
+        }
+
+
+def _consecutive(batch: list[_Request]) -> Iterator[list[_Request]]:
+    """Runs of same-kind requests; commits and lookups in a run are applied as one statement each."""
+    run: list[_Request] = []
+    for request in batch:
+        if run and request.op != run[0].op:
+            yield run
+            run = []
+        run.append(request)
+    if run:
+        yield run
+
+
+class ShardedIdRegistry(IdRegistry):
+    """The IdRegistry of Photon §2 in this process: `shards` DuckDB files, one registry thread each.
+
+    A request whose ids fall on several shards is split by shard, the parts are applied in parallel
+    by the shards' threads, and the answers are concatenated. As in Photon, such a request is not
+    atomic across shards: each shard's part commits on its own.
+
+    `shards` applies only when the directory is new; afterwards the stored configuration wins and
+    only `reshard` changes it. Ids older than a shard's GC boundary (see `collect_garbage`) are
+    answered 'too_old' and never registered. A background thread runs a GC pass every
+    `gc_interval_seconds` (None: only on `collect_garbage`).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        shards: int = 1,
+        gc_threshold_days: float = 3.0,
+        max_clock_skew_seconds: float = 60.0,
+        gc_interval_seconds: float | None = 60.0,
+    ):
+        if shards < 1:
+            raise ValueError(f"shards must be at least 1, got {shards}")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.gc_threshold_days = gc_threshold_days
+        self.gc_threshold_us = int(gc_threshold_days * US_PER_DAY)
+        self.max_clock_skew_us = int(max_clock_skew_seconds * 1_000_000)
+        self._meta = duckdb.connect(str(self.directory / "meta.duckdb"))
+        self._meta.execute(META_SCHEMA)
+        self._config_lock = threading.Lock()
+        self._config = self._meta.sql("SELECT start_us, end_us, shards FROM shard_config ORDER BY start_us").fetchall()
+        if not self._config:
+            self._meta.execute("INSERT INTO shard_config VALUES (0, NULL, $n)", {"n": shards})
+            self._config = [(0, None, shards)]
+        elif shards != self._config[-1][2]:
+            log.warning("registry %s keeps its stored shard configuration %s; ignoring shards=%d",
+                        self.directory, self.configuration(), shards)
+        self._shards: dict[int, _Shard] = {}
+        self._shards_lock = threading.Lock()
+        self._closed = False
+        # Routing hashes on cursors of one in-memory database: a new connection costs ~30 ms.
+        self._hasher = duckdb.connect()
+        self._hasher_lock = threading.Lock()
+        for index in range(max(n for _, _, n in self._config)):
+            self._shard(index)
+        self._stop_gc = threading.Event()
+        self._gc_thread = None
+        if gc_interval_seconds is not None:
+            self._gc_thread = threading.Thread(
+                target=self._gc_loop, args=(gc_interval_seconds,), name="registry-gc", daemon=True
+            )
+            self._gc_thread.start()
+
+    def _shard(self, index: int) -> _Shard:
+        with self._shards_lock:
+            if self._closed:
+                raise RegistryClosed("the registry is closed")
+            if index not in self._shards:
+                path = self.directory / f"shard-{index:04d}.duckdb"
+                self._shards[index] = _Shard(index, path, self.gc_threshold_us)
+            return self._shards[index]
+
+    def configuration(self) -> list[dict]:
+        return [{"start_us": s, "end_us": e, "shards": n} for s, e, n in self._config]
+
+    def _route(self, events: pa.Table) -> dict[int, pa.Table]:
+        """The events of each shard, by the configuration in force at each id's timestamp."""
+        config = self._config
+        if all(n == 1 for _, _, n in config):
+            return {0: events}
+        cases = " ".join(f"WHEN timestamp_us < {e} THEN {HASH_SQL} % {n}" for _, e, n in config[:-1])
+        shard_sql = f"CASE {cases} ELSE {HASH_SQL} % {config[-1][2]} END" if cases else f"{HASH_SQL} % {config[-1][2]}"
+        with self._hasher_lock:
+            hasher = self._hasher.cursor()
+        try:
+            hasher.register("events", events)
+            routed = hasher.sql(
+                f"SELECT click_id, timestamp_us, ({shard_sql})::INTEGER AS shard FROM events ORDER BY shard"
+            ).to_arrow_table()
+        finally:
+            hasher.close()
+        parts = split_sorted(routed, "shard", max(n for _, _, n in config))
+        return {index: part for index, part in enumerate(parts) if part.num_rows}
+
+    def _fan_out(self, op: str, events: pa.Table, token: str | None = None) -> list:
+        futures = [
+            self._shard(index).submit(_Request(op, events=part, token=token))
+            for index, part in self._route(events).items()
+        ]
+        return [f.result() for f in futures]
+
+    def lookup(self, events: ArrowSource) -> pa.Table:
+        return pa.concat_tables([LOOKUP_SCHEMA.empty_table(), *self._fan_out("lookup", as_events(events))])
+
+    def commit(self, events: ArrowSource, token: str) -> pa.Table:
+        if not token:
+            raise ValueError("commit needs a non-empty token")
+        return pa.concat_tables([COMMIT_SCHEMA.empty_table(), *self._fan_out("commit", as_events(events), token)])
+
+    def delete(self, events: ArrowSource) -> int:
+        return sum(self._fan_out("delete", as_events(events)))
+
+    def clear_tokens(self, token: str) -> int:
+        futures = [shard.submit(_Request("clear", token=token)) for shard in self._all_shards()]
+        return sum(f.result() for f in futures)
+
+    def _all_shards(self) -> list[_Shard]:
+        with self._shards_lock:
+            return [self._shards[i] for i in sorted(self._shards)]
+
+    def scan(self) -> pa.RecordBatchReader:
+        shards = self._all_shards()
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for shard in shards:
+                yield from shard.scan().cast(SCAN_SCHEMA).to_batches()
+
+        return pa.RecordBatchReader.from_batches(SCAN_SCHEMA, batches())
+
+    def stats(self) -> dict:
+        shards = [shard.stats() for shard in self._all_shards()]
+        total = {key: sum(s[key] for s in shards) for key in (
+            "requests_received", "transactions", "ids_in_transactions", "requests_in_transactions",
+            "ids_registered", "ids_with_token")}
+        transactions = total["transactions"]
+        total["ids_per_transaction_mean"] = total["ids_in_transactions"] / transactions if transactions else 0.0
+        total["ids_per_transaction_max"] = max((s["ids_per_transaction_max"] for s in shards), default=0)
+        total["requests_per_transaction_mean"] = (
+            total["requests_in_transactions"] / transactions if transactions else 0.0)
+        return {
+            "total": total,
+            "shards": shards,
+            "configuration": self.configuration(),
+            "gc_threshold_days": self.gc_threshold_days,
+        }
+
+    def reshard(self, shards: int, effective_at_us: int | None = None) -> list[dict]:
+        """From `effective_at_us` (default now + max clock skew) on, new ids use `shards` shards.
+
+        The time must be at least now + skew, so that no id already committed can have a timestamp
+        the new configuration covers (Photon §2.2.2)."""
+        if shards < 1:
+            raise ValueError(f"shards must be at least 1, got {shards}")
+        earliest = now_us() + self.max_clock_skew_us
+        effective = earliest if effective_at_us is None else effective_at_us
+        with self._config_lock:
+            last_start = self._config[-1][0]
+            if effective < earliest:
+                raise ValueError(f"effective time {effective} us is earlier than now + max clock skew ({earliest} us)")
+            if effective < last_start:
+                raise ValueError(f"effective time {effective} us is earlier than the current configuration's start {last_start} us")
+            for index in range(shards):
+                self._shard(index)
+            self._meta.execute("BEGIN TRANSACTION")
+            self._meta.execute("UPDATE shard_config SET end_us = $t WHERE end_us IS NULL", {"t": effective})
+            self._meta.execute("INSERT INTO shard_config VALUES ($t, NULL, $n)", {"t": effective, "n": shards})
+            self._meta.execute("COMMIT")
+            *kept, (start, _, n) = self._config
+            self._config = [*kept, (start, effective, n), (effective, None, shards)]
+        log.info("registry %s resharded: %s", self.directory, self.configuration())
+        return self.configuration()
+
+    def collect_garbage(self) -> dict:
+        """One GC pass on every shard now; returns each shard's boundary and how many ids it deleted."""
+        now = now_us()
+        shards = self._all_shards()
+        answers = [f.result() for f in [s.submit(_Request("gc", now_us=now)) for s in shards]]
+        return {
+            "boundaries_us": {str(s.index): a["boundary_us"] for s, a in zip(shards, answers)},
+            "deleted": {str(s.index): a["deleted"] for s, a in zip(shards, answers)},
+        }
+
+    def _gc_loop(self, interval: float) -> None:
+        while not self._stop_gc.wait(interval):
+            try:
+                self.collect_garbage()
+            except RegistryClosed:
+                return
+            except Exception:
+                log.exception("registry %s: garbage collection failed", self.directory)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Holds every registry thread before it drains its queue (tests use it to fill one batch)."""
+        shards = self._all_shards()
+        for shard in shards:
+            shard.gate.clear()
+        try:
+            yield
+        finally:
+            for shard in shards:
+                shard.gate.set()
+
+    def close(self) -> None:
+        """Stops accepting requests, applies the queued ones, joins the threads, closes the files."""
+        self._stop_gc.set()
+        if self._gc_thread is not None:
+            self._gc_thread.join()
+        with self._shards_lock:
+            if self._closed:
+                return
+            self._closed = True
+            shards = list(self._shards.values())
+        for shard in shards:
+            shard.close()
+        self._meta.close()
+        self._hasher.close()
