@@ -164,6 +164,19 @@ def join_work_unit(
         mark = stats.timed("registry_commit", mark)
         checkpoint("after_registry_commit")
 
+        # Counted before the writes: a Delta write drops Spark's cached frames of the tables it
+        # changed, and `clicks` of a pending retry is read from pending_clicks.
+        for name, value in event_store.stats.as_dict().items():
+            setattr(stats, name, value)
+        still_pending = keep(judged.where(~F.col("give_up")))
+        stats.pending = still_pending.count()
+        stats.joined = adapted.join(winners, "click_id", "left_semi").count()
+        stats.dropped_by_adapter = found.count() - n_adapted
+        stats.given_up = given_up.join(winners, "click_id", "left_semi").count()
+        stats.too_old = too_old.count()
+        stats.refused = n_answers - winners.count() - answers.where(F.col("status") == "too_old").count()
+        mark = stats.timed("counts", mark)
+
         # 5. Output, keyed by click_id, then what is still pending.
         now = F.current_timestamp()
         joined_rows = adapted.join(winners, "click_id", "left_semi").select(
@@ -179,7 +192,6 @@ def join_work_unit(
             .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
         )
         insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id")
-        still_pending = judged.where(~F.col("give_up"))
         update_pending(tables["pending_clicks"], dc, token, still_pending, clicks if retrying_pending else None)
         mark = stats.timed("write", mark)
         checkpoint("after_output_write")
@@ -188,15 +200,6 @@ def join_work_unit(
         registry.clear_tokens(token)
         mark = stats.timed("clear_tokens", mark)
 
-        for name, value in event_store.stats.as_dict().items():
-            setattr(stats, name, value)
-        stats.pending = still_pending.count()
-        stats.joined = adapted.join(winners, "click_id", "left_semi").count()
-        stats.dropped_by_adapter = found.count() - n_adapted
-        stats.given_up = given_up.join(winners, "click_id", "left_semi").count()
-        stats.too_old = too_old.count()
-        stats.refused = n_answers - winners.count() - answers.where(F.col("status") == "too_old").count()
-        stats.timed("counts", mark)
         return stats
     finally:
         event_store.release()
