@@ -106,7 +106,8 @@ def command_run(args) -> int:
 
 
 def command_registry(args) -> int:
-    from resources.registry_service import SECRET_ENV, RemoteIdRegistry, serve
+    from resources.registry import SECRET_ENV
+    from resources.registry_service import RemoteIdRegistry, serve
 
     secret = os.environ.get(SECRET_ENV) or None
     if args.registry_command == "serve":

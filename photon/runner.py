@@ -33,6 +33,7 @@ from dagster._daemon.sensor import execute_sensor_iteration
 
 from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, DataLayout
 from photon.summary import summarize
+from resources.registry import ADDRESS_ENV
 from resources.settings import pipeline_settings
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from photon_assets.work_unit import PENDING
@@ -129,8 +130,6 @@ def remote_sensors(context: WorkspaceProcessContext) -> list:
     return sensors
 
 
-REGISTRY_ADDRESS_ENV = "PHOTON_REGISTRY_ADDRESS"
-REGISTRY_MODE_ENV = "PHOTON_REGISTRY_MODE"
 REGISTRY_START_SECONDS = 60.0
 
 
@@ -144,9 +143,8 @@ def registry_service(layout: DataLayout, log: logging.Logger):
     """Uses the registry service at PHOTON_REGISTRY_ADDRESS, or starts a local one on the data
     directory's registry files for the duration of this `photon run` (DESIGN: the README's commands
     keep working with nothing else running)."""
-    if os.environ.get(REGISTRY_ADDRESS_ENV):
-        os.environ[REGISTRY_MODE_ENV] = "service"
-        yield os.environ[REGISTRY_ADDRESS_ENV]
+    if os.environ.get(ADDRESS_ENV):
+        yield os.environ[ADDRESS_ENV]
         return
     ready = layout.root / "state" / "registry.address"
     ready.parent.mkdir(parents=True, exist_ok=True)
@@ -171,11 +169,12 @@ def registry_service(layout: DataLayout, log: logging.Logger):
             time.sleep(1.0)
         address = ready.read_text().strip()
         log.info("local registry service at %s", address)
-        os.environ[REGISTRY_ADDRESS_ENV], os.environ[REGISTRY_MODE_ENV] = address, "service"
+        # Runs and the summary pick the service up from here (resources/registry.py).
+        os.environ[ADDRESS_ENV] = address
         try:
             yield address
         finally:
-            del os.environ[REGISTRY_ADDRESS_ENV]
+            del os.environ[ADDRESS_ENV]
             server.terminate()
             try:
                 server.wait(timeout=30)

@@ -142,14 +142,19 @@ class IdRegistryResource(dg.ConfigurableResource):
         return self._registry
 
 
+ADDRESS_ENV = "PHOTON_REGISTRY_ADDRESS"
+MODE_ENV = "PHOTON_REGISTRY_MODE"
+SECRET_ENV = "PHOTON_REGISTRY_SECRET"
+
+
 def registry_resource_from_env(data_dir: str) -> IdRegistryResource:
     """The registry this deployment uses: the service at PHOTON_REGISTRY_ADDRESS if set (`photon
     run` sets it to the local service it starts), else the embedded one; PHOTON_REGISTRY_MODE
     overrides the choice."""
-    address = os.environ.get("PHOTON_REGISTRY_ADDRESS")
+    address = os.environ.get(ADDRESS_ENV)
     return IdRegistryResource(
         data_dir=data_dir,
-        mode=os.environ.get("PHOTON_REGISTRY_MODE") or ("service" if address else "embedded"),
+        mode=os.environ.get(MODE_ENV) or ("service" if address else "embedded"),
         address=address,
-        secret=dg.EnvVar("PHOTON_REGISTRY_SECRET") if os.environ.get("PHOTON_REGISTRY_SECRET") else None,
+        secret=dg.EnvVar(SECRET_ENV) if os.environ.get(SECRET_ENV) else None,
     )

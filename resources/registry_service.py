@@ -36,7 +36,6 @@ from resources.registry_shards import RegistryClosed, ShardedIdRegistry, as_even
 
 log = logging.getLogger(__name__)
 
-SECRET_ENV = "PHOTON_REGISTRY_SECRET"
 
 
 class RegistryUnavailable(ConnectionError):

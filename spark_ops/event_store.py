@@ -107,8 +107,8 @@ class EventStore:
         pairs = self._keep(clicks.join(self.cache, "query_id", "left").dropDuplicates(["click_id"]))
         cached = pairs.where(F.col("query").isNotNull())
         misses = self._keep(pairs.where(F.col("query").isNull()).drop("query"))
-        self.stats.cache_hits = cached.count()
-        n_misses = misses.count()
+        split = pairs.agg(F.count_if(F.col("query").isNotNull()).alias("hits"), F.count("*").alias("all")).first()
+        self.stats.cache_hits, n_misses = split["hits"], split["all"] - split["hits"]
         if n_misses == 0:
             return cached, misses
         from_logs = self._keep(self._logs_tier(misses))

@@ -160,7 +160,7 @@ def join_work_unit(
         answers = keep(commit_ids(spark, registry, resolved, token, staging / "commit"))
         winners = answers.where(F.col("status") == "held").select("click_id")
         too_old = answers.where(F.col("status") == "too_old").select("click_id").unionByName(too_old_seen)
-        n_answers = answers.count()
+        answered = dict(answers.groupBy("status").count().collect())  # at most three rows
         mark = stats.timed("registry_commit", mark)
         checkpoint("after_registry_commit")
 
@@ -174,7 +174,7 @@ def join_work_unit(
         stats.dropped_by_adapter = found.count() - n_adapted
         stats.given_up = given_up.join(winners, "click_id", "left_semi").count()
         stats.too_old = too_old.count()
-        stats.refused = n_answers - winners.count() - answers.where(F.col("status") == "too_old").count()
+        stats.refused = answered.get("refused", 0)
         mark = stats.timed("counts", mark)
 
         # 5. Output, keyed by click_id, then what is still pending.
