@@ -1,4 +1,5 @@
-"""`photon gen` and `photon run` (DESIGN.md: command line). Errors are one line and exit non-zero."""
+"""`photon gen`, `photon replicate`, `photon run`, `photon registry` (DESIGN.md: command line).
+Errors are one line and exit non-zero."""
 
 import argparse
 import json
@@ -23,6 +24,15 @@ def parser() -> argparse.ArgumentParser:
     g = commands.add_parser("gen", help="write a synthetic workload of query and click logs")
     g.add_argument("--data-dir", required=True, type=Path)
     gen.add_arguments(g)
+
+    rp = commands.add_parser("replicate", help="bring a lagging replica up to date from another one")
+    rp.add_argument("--data-dir", required=True, type=Path)
+    rp.add_argument("--to", required=True, dest="to_dc", metavar="DC", help="the replica to extend")
+    rp.add_argument("--from", dest="from_dc", metavar="DC",
+                    help="the source replica (default: the first datacenter of DIR/gen_summary.json)")
+    rp.add_argument("--lag-seconds", type=float, default=0.0,
+                    help="copy only lines up to the source's newest event time minus this"
+                         " (default: 0, every complete line)")
 
     r = commands.add_parser("run", help="run the sensor-driven pipeline headlessly")
     r.add_argument("--data-dir", required=True, type=Path)
@@ -58,6 +68,38 @@ def command_gen(args) -> int:
             "late_query_events", "bad_lines", "torn_lines")
     print(" ".join(f"{k}={summary[k]}" for k in keys if k in summary))
     return 0
+
+
+def command_replicate(args) -> int:
+    from photon.replication import newest_event_us, replicate
+
+    source_dc = args.from_dc or recorded_source(args.data_dir)
+    for dc in (source_dc, args.to_dc):
+        gen.check_datacenter_name(dc)
+    if source_dc == args.to_dc:
+        raise ValueError(f"--from and --to are both {source_dc}")
+    if not 0 <= args.lag_seconds < float("inf"):
+        raise ValueError(f"--lag-seconds must be a number of seconds >= 0, got {args.lag_seconds}")
+    logs = DataLayout(args.data_dir).logs
+    cutoff_us = None
+    if args.lag_seconds > 0:
+        newest = newest_event_us(logs / source_dc)
+        cutoff_us = None if newest is None else newest - round(args.lag_seconds * 1e6)
+    stats = replicate(logs / source_dc, logs / args.to_dc, cutoff_us)
+    print(f"files_created={stats.files_created} files_extended={stats.files_extended}"
+          f" bytes_appended={stats.bytes_appended} lines_appended={stats.lines_appended}")
+    return 0
+
+
+def recorded_source(data_dir: Path) -> str:
+    """The source replica of a generated workload: its first datacenter."""
+    path = data_dir / gen.SUMMARY_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["config"]["datacenters"][0]
+    except FileNotFoundError:
+        raise ValueError(f"no {path} to name the source replica; give --from") from None
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValueError(f"{path} does not name the datacenters; give --from") from None
 
 
 def choose_datacenters(layout: DataLayout, option: str | None) -> list[str]:
@@ -137,7 +179,9 @@ def command_registry(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"gen": command_gen, "run": command_run, "registry": command_registry}[args.command](args)
+        commands = {"gen": command_gen, "replicate": command_replicate, "run": command_run,
+                    "registry": command_registry}
+        return commands[args.command](args)
     except ValueError as error:
         print(f"photon: error: {error}", file=sys.stderr)
         return 2

@@ -4,8 +4,21 @@ Layout written under ``<data_dir>/logs``::
 
     <datacenter>/<stream>/<ip>_<pid>/<seq>.jsonl      stream: query | click
 
-* Every datacenter directory is a replica: same relative names, same bytes
-  (each chunk is written to the first datacenter, then to the others).
+* Every datacenter directory is a replica. Those without a replication lag
+  hold the same relative names and the same bytes (each chunk is written to
+  the first datacenter, then to the others).
+* A lagging replica (``replication_lag``, batch mode only,
+  ``--replication-lag dc2=30,dc3=inf``) is skipped by the writers; once the
+  workload is written it is filled from the first datacenter (the source,
+  which cannot lag) by :func:`photon.replication.replicate` with the cutoff
+  ``last_event_us - lag``, where ``last_event_us`` is the largest
+  ``timestamp_us`` of any complete line of the workload. Each of its files is
+  the source file up to (not including) the first line past the cutoff, lines
+  without a timestamp travel along; a file that would be empty is absent, and
+  so are a writer's files after one that is cut. It holds complete lines
+  only, so it lacks the torn last line. ``inf`` means replication is stopped:
+  the replica has only its empty ``query/`` and ``click/`` directories.
+  `photon replicate` resumes it later.
 * Files are append-only UTF-8 JSON Lines. A writer starts a new file once its
   current one has reached ``rotate_bytes``; ``seq`` is zero-padded to five
   digits so that lexical order is write order (``00000.jsonl``, ...).
@@ -22,8 +35,15 @@ writers; pids are drawn from the seed.
 Batch mode is deterministic: the same config gives byte-identical output.
 Follow mode appends in real time with wall-clock event timestamps.
 
+With withhold_late / only_late, the cutoffs count the withheld late lines too, so
+a withhold_late run followed by an only_late run (same options, lags included)
+leaves every replica as one full run would: only_late writes the late files to
+the datacenters without a lag, then replicates them to each lagging replica
+with its cutoff (an ``inf`` replica stays empty).
+
 Ground truth (returned by :func:`generate` and stored as JSON in
-``<data_dir>/gen_summary.json``; counts are per replica):
+``<data_dir>/gen_summary.json``; counts are those of each replica without a
+lag, the first datacenter included):
 
 ``config``                  the options (without withhold_late / only_late)
 ``late_withheld``           true while the late writers' files are withheld
@@ -42,6 +62,9 @@ Ground truth (returned by :func:`generate` and stored as JSON in
 ``torn_lines``              unterminated last lines (``torn_file`` names it)
 ``joinable_click_ids``, ``late_click_ids``, ``orphan_click_ids``,
 ``duplicate_click_ids``     the sorted ids behind those counts
+``replicas``                per datacenter: ``lag_seconds`` (null: no lag,
+                            a number, or the string "inf"), ``cutoff_us``
+                            (null unless a finite lag), ``bytes`` on disk
 """
 
 import argparse
@@ -56,6 +79,8 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from photon.replication import create_stream_dirs, replicate
 
 DEFAULT_START_TIME_US = 1_763_700_000_000_000
 SUMMARY_FILE = "gen_summary.json"
@@ -127,6 +152,10 @@ class GenConfig:
     rotate_bytes: int = _opt(262144, "start a new file once a file has reached this size")
     datacenters: list[str] = field(default_factory=lambda: ["dc1"],
                                    metadata={"help": "replica datacenters, comma separated"})
+    replication_lag: dict[str, float] = field(
+        default_factory=dict,
+        metadata={"help": "replicas that lag behind the first datacenter by SECONDS of event time"
+                          " (inf: replication stopped), batch mode"})
     click_delay_mean_s: float = _opt(20.0, "mean delay from query to click (exponential)")
     click_delay_max_s: float = _opt(300.0, "cap on the query-to-click delay")
     withhold_late: bool = _opt(False, "do not write the late writers' files")
@@ -177,17 +206,32 @@ class GenConfig:
         if not isinstance(self.datacenters, list) or not self.datacenters:
             raise ValueError("datacenters must be a non-empty list of names")
         for name in self.datacenters:
-            if not isinstance(name, str) or not _DATACENTER_NAME.match(name):
-                raise ValueError(f"invalid datacenter name {name!r}: use letters, digits, '.', '_' and '-'"
-                                 " and start with a letter or digit")
+            check_datacenter_name(name)
         if len(set(self.datacenters)) != len(self.datacenters):
             raise ValueError(f"datacenters must be distinct, got {','.join(self.datacenters)}")
+        self._validate_replication_lag()
         if self.withhold_late and self.only_late:
             raise ValueError("withhold_late and only_late exclude each other")
         if self.follow and (self.withhold_late or self.only_late):
             raise ValueError("follow mode delays late writers by late_delay_s; withhold_late/only_late are batch only")
         if self.follow and self.click_share == 0:
             raise ValueError("follow mode needs click_share > 0 (the query rate is rate / click_share)")
+
+    def _validate_replication_lag(self) -> None:
+        lags = self.replication_lag
+        if not isinstance(lags, dict):
+            raise ValueError(f"replication_lag must map datacenters to seconds, got {lags!r}")
+        unknown = sorted(set(lags) - set(self.datacenters), key=str)
+        if unknown:
+            raise ValueError(f"replication_lag names {', '.join(map(repr, unknown))}, not among the datacenters"
+                             f" {','.join(self.datacenters)}")
+        if self.datacenters[0] in lags:
+            raise ValueError(f"{self.datacenters[0]} is the source replica (the first datacenter) and cannot lag")
+        for dc, lag in lags.items():
+            if not isinstance(lag, (int, float)) or isinstance(lag, bool) or math.isnan(lag) or lag < 0:
+                raise ValueError(f"replication lag of {dc} must be a number of seconds >= 0 or inf, got {lag!r}")
+        if self.follow and lags:
+            raise ValueError("replication lag is for batch mode; use photon replicate")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,6 +248,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif isinstance(default, list):
             group.add_argument(flag, dest=f.name, type=_comma_list, default=default,
                                metavar="DC[,DC...]", help=f"{help_text} (default: {','.join(default)})")
+        elif isinstance(default, dict):
+            group.add_argument(flag, dest=f.name, type=_lag_map, default=default,
+                               metavar="DC=SECONDS[,DC=SECONDS...]", help=f"{help_text} (default: none)")
         else:
             group.add_argument(flag, dest=f.name, type=type(default), default=default,
                                help=f"{help_text} (default: %(default)s)")
@@ -216,6 +263,31 @@ def config_from_args(args: argparse.Namespace) -> GenConfig:
 
 def _comma_list(value: str) -> list[str]:
     return [part.strip() for part in value.split(",")]
+
+
+def _lag_map(value: str) -> dict[str, float]:
+    """Parse "dc2=30,dc3=inf" (range checks are GenConfig.validate's)."""
+    lags = {}
+    for part in value.split(","):
+        dc, equals, seconds = part.partition("=")
+        dc = dc.strip()
+        try:
+            lag = float(seconds)
+        except ValueError:
+            lag = None
+        if not equals or not dc or lag is None:
+            raise argparse.ArgumentTypeError(f"expected DC=SECONDS[,DC=SECONDS...], got {value!r}")
+        if dc in lags:
+            raise argparse.ArgumentTypeError(f"datacenter {dc} is given twice in {value!r}")
+        lags[dc] = lag
+    return lags
+
+
+def check_datacenter_name(name) -> None:
+    """A datacenter name is one plain path component (no '/', no '..')."""
+    if not isinstance(name, str) or not _DATACENTER_NAME.match(name):
+        raise ValueError(f"invalid datacenter name {name!r}: use letters, digits, '.', '_' and '-'"
+                         " and start with a letter or digit")
 
 
 def generate(data_dir: Path, config: GenConfig) -> dict:
@@ -236,6 +308,7 @@ def generate(data_dir: Path, config: GenConfig) -> dict:
     else:
         simulation.run_batch()
     summary = simulation.summary()
+    summary["replicas"] = _fill_replicas(logs, config, simulation.last_event_us)
 
     tmp = summary_path.with_name(summary_path.name + ".tmp")
     tmp.write_text(json.dumps(summary, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
@@ -247,7 +320,38 @@ def _config_record(config: GenConfig) -> dict:
     """The options that define the workload (what to write is not part of it)."""
     record = dataclasses.asdict(config)
     del record["withhold_late"], record["only_late"]
+    record["replication_lag"] = {dc: _lag_record(lag) for dc, lag in config.replication_lag.items()}
     return record
+
+
+def _lag_record(lag: float | None) -> float | str | None:
+    """A lag as JSON: seconds, "inf" (JSON has no infinity), None for no lag."""
+    if lag is None:
+        return None
+    return "inf" if math.isinf(lag) else float(lag)
+
+
+def _fill_replicas(logs: Path, config: GenConfig, last_event_us: int) -> dict:
+    """Replicate the first datacenter to every lagging one; describe every replica.
+
+    A replica lagging by L seconds gets each file's lines up to the cutoff
+    last_event_us - L (photon.replication); with an infinite lag it gets
+    nothing but its stream directories. The other datacenters were written by
+    the writers themselves.
+    """
+    source = logs / config.datacenters[0]
+    replicas = {}
+    for dc in config.datacenters:
+        lag = config.replication_lag.get(dc)
+        cutoff_us = None
+        if lag is not None:
+            create_stream_dirs(logs / dc)
+            if not math.isinf(lag):
+                cutoff_us = last_event_us - round(lag * 1e6)
+                replicate(source, logs / dc, cutoff_us)
+        size = sum(p.stat().st_size for p in (logs / dc).rglob("*.jsonl"))
+        replicas[dc] = {"lag_seconds": _lag_record(lag), "cutoff_us": cutoff_us, "bytes": size}
+    return replicas
 
 
 def _check_withheld_run(summary_path: Path, config: GenConfig) -> None:
@@ -351,7 +455,8 @@ class _Simulation:
     def __init__(self, config: GenConfig, logs: Path):
         self.cfg = config
         self.rng = random.Random(config.seed)
-        roots = [logs / dc for dc in config.datacenters]
+        # Lagging replicas are filled afterwards from the first datacenter.
+        roots = [logs / dc for dc in config.datacenters if dc not in config.replication_lag]
         normal_roots = [] if config.only_late else roots
         late_roots = [] if config.withhold_late else roots
 
@@ -378,6 +483,9 @@ class _Simulation:
         self._order = itertools.count()  # heap tie-breaker: keeps FIFO order, never compares payloads
         self._last_query: tuple[str, list] | None = None
         self._now = 0
+        # Largest timestamp_us of a complete line, withheld late lines included
+        # (so that withhold_late + only_late gives the replicas of one run).
+        self.last_event_us = config.start_time_us
 
         self.query_events = 0
         self.late_query_events = 0
@@ -482,6 +590,7 @@ class _Simulation:
                 lost_id = f"{writer.id_prefix}{writer.mint(ts)}"
                 self._schedule_click(ts, lost_id, self._ads()[0], _ORPHAN)
         qts = writer.mint(ts)
+        self.last_event_us = max(self.last_event_us, qts)
         query_id = f"{writer.id_prefix}{qts}"
         ads = self._ads()
         line = _query_line(query_id, qts, self._text(), ads, self._extras())
@@ -512,6 +621,7 @@ class _Simulation:
         rng = self.rng
         writer = self.click_writers[int(rng.random() * len(self.click_writers))]
         cts = writer.mint(ts)
+        self.last_event_us = max(self.last_event_us, cts)
         click_id = f"{writer.id_prefix}{cts}"
         line = _click_line(click_id, query_id, cts, ad, rng)
         writer.append(line)
@@ -585,6 +695,8 @@ class _Simulation:
             text = text[: len(text) // 2] + "<<garbage"  # a corrupted, cut-off record
         elif kind == "not_object":
             text = json.dumps(list(event.values()), ensure_ascii=False)
+        elif isinstance(event["timestamp_us"], int):
+            self.last_event_us = max(self.last_event_us, event["timestamp_us"])
         writer.append(text + "\n")
         self.bad_lines[stream] += 1
 

@@ -3,6 +3,7 @@ and check them against the format and against the generator's ground truth."""
 
 import argparse
 import json
+import math
 import re
 import threading
 import time
@@ -321,6 +322,15 @@ def test_defaults_and_edge_cases(tmp_path):
     ({"withhold_late": True, "only_late": True}, "exclude each other"),
     ({"follow": True, "withhold_late": True}, "batch only"),
     ({"follow": True, "click_share": 0}, "click_share > 0"),
+    ({"replication_lag": ["dc2"]}, "replication_lag must map datacenters to seconds"),
+    ({"datacenters": ["dc1", "dc2"], "replication_lag": {"dc3": 1.0}},
+     "names 'dc3', not among the datacenters dc1,dc2"),
+    ({"datacenters": ["dc1", "dc2"], "replication_lag": {"dc1": 0.0}}, "dc1 is the source replica"),
+    ({"datacenters": ["dc1", "dc2"], "replication_lag": {"dc2": -1.0}}, "replication lag of dc2 must be"),
+    ({"datacenters": ["dc1", "dc2"], "replication_lag": {"dc2": float("nan")}}, "replication lag of dc2 must be"),
+    ({"datacenters": ["dc1", "dc2"], "replication_lag": {"dc2": "5"}}, "replication lag of dc2 must be"),
+    ({"datacenters": ["dc1", "dc2"], "replication_lag": {"dc2": 5.0}, "follow": True},
+     "replication lag is for batch mode; use photon replicate"),
 ])
 def test_invalid_options_raise(options, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -337,6 +347,8 @@ def test_command_line_options():
                                                click_share=0.2, torn_last_line=False, rotate_bytes=4096)
     with pytest.raises(ValueError, match="invalid datacenter name"):
         config_from_args(parser.parse_args(["--datacenters", "dc1,x/y"]))
+    args = parser.parse_args(["--datacenters", "dc1,dc2,dc3", "--replication-lag", "dc2=30, dc3=inf"])
+    assert config_from_args(args).replication_lag == {"dc2": 30.0, "dc3": math.inf}
 
 
 def test_follow_mode_appends_in_real_time(tmp_path):
