@@ -16,6 +16,7 @@ from photon_assets.checks import ALL_CHECKS
 from photon_assets.clicks import click_aggregates, join_clicks
 from photon_assets.jobs import ingest_queries_job, join_clicks_job, verify_job
 from photon_assets.queries import ingest_query_logs
+from photon_assets.recovery import recover_lost_clicks_job
 from resources.registry import registry_resource_from_env
 from resources.settings import pipeline_settings
 from resources.spark import SparkResource
@@ -28,7 +29,7 @@ datacenters = DataLayout(Path(data_dir).resolve()).datacenters()
 defs = dg.Definitions(
     assets=[ingest_query_logs, join_clicks, click_aggregates],
     asset_checks=ALL_CHECKS,
-    jobs=[ingest_queries_job, join_clicks_job, verify_job],
+    jobs=[ingest_queries_job, join_clicks_job, verify_job, recover_lost_clicks_job],
     sensors=[
         sensor
         for dc in datacenters

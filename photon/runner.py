@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -31,13 +31,14 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, DataLayout
+from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
 from resources.registry import ADDRESS_ENV
 from resources.settings import pipeline_settings
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
-from photon_assets.work_unit import PENDING
+from photon_assets.work_unit import PENDING, TAG_DC
 from sensors.retries import UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
+from spark_ops.tables import tables_locked
 
 IDLE_PASSES = 2  # consecutive sensor passes that launch nothing before the pipeline counts as idle
 PASS_INTERVAL_SECONDS = 1.05  # just over the sensors' minimum interval, so each pass ticks each one
@@ -74,14 +75,18 @@ class RunnerError(RuntimeError):
 
 
 @contextmanager
-def exclusive(layout: DataLayout):
-    """One `photon run` per data directory: it owns every unfinished run of the instance."""
-    layout.root.joinpath(".photon.lock").touch()
-    with open(layout.root / ".photon.lock", "r+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunnerError(f"another photon run is using {layout.root}") from None
+def exclusive(layout: DataLayout, datacenters: list[str]):
+    """One `photon run` per datacenter of a data directory: it owns every unfinished run of its
+    datacenters. Pipelines of other datacenters may run in other processes at the same time."""
+    locks = layout.root / "state" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as held:
+        for dc in sorted(datacenters):
+            lock = held.enter_context(open(locks / f"{dc}.lock", "a"))
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunnerError(f"another photon run is running datacenter {dc} of {layout.root}") from None
         yield
 
 
@@ -97,13 +102,25 @@ def prepare_environment(layout: DataLayout, datacenters: list[str], run_log_leve
 
 
 def headless_instance(layout: DataLayout) -> dg.DagsterInstance:
-    return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(layout.dagster_home), overrides=HEADLESS_OVERRIDES))
+    """The data directory's instance. Its SQLite storages are created (schema and migration stamp)
+    under a lock: two datacenters' `photon run` starting at once on a new directory would both
+    stamp the schema version, which Dagster then refuses to open."""
+    with open(layout.dagster_home / ".storage.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        instance = dg.DagsterInstance.from_ref(
+            InstanceRef.from_dir(str(layout.dagster_home), overrides=HEADLESS_OVERRIDES)
+        )
+        instance.get_runs_count()
+        instance.all_instigator_state()
+        instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=1)
+    return instance
 
 
-def fail_orphaned_runs(instance: dg.DagsterInstance) -> int:
-    """Runs left unfinished by a process that died (we hold the lock, so none is alive): mark them
-    failed, so that the dispatchers retry their work units."""
-    orphans = instance.get_runs(dg.RunsFilter(statuses=[*UNFINISHED, dg.DagsterRunStatus.CANCELING]))
+def fail_orphaned_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
+    """Runs of these datacenters left unfinished by a process that died (we hold their locks, so
+    none is alive): mark them failed, so that the dispatchers retry their work units."""
+    unfinished = instance.get_runs(dg.RunsFilter(statuses=[*UNFINISHED, dg.DagsterRunStatus.CANCELING]))
+    orphans = [run for run in unfinished if run.tags.get(TAG_DC) in datacenters]
     for run in orphans:
         instance.report_run_failed(run, "the photon run process executing it died")
     return len(orphans)
@@ -149,7 +166,15 @@ def registry_service(layout: DataLayout, log: logging.Logger):
     ready = layout.root / "state" / "registry.address"
     ready.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + REGISTRY_START_SECONDS
-    with open(layout.root / "state" / "registry.log", "ab") as output:
+    with open(layout.root / "state" / "locks" / "registry.lock", "a") as owner, \
+            open(layout.root / "state" / "registry.log", "ab") as output:
+        try:
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunnerError(
+                f"the registry of {layout.root} is served by another photon run; to run datacenters in "
+                "separate processes, start `photon registry serve` once and set " + ADDRESS_ENV + " for each"
+            ) from None
         while True:
             ready.unlink(missing_ok=True)
             server = subprocess.Popen(
@@ -183,53 +208,116 @@ def registry_service(layout: DataLayout, log: logging.Logger):
                 server.wait()
 
 
+MAX_RECOVERY_ROUNDS = 2  # recovery, then pipeline and verification again; more would repeat itself
+
+
 def run_until_idle(
     layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING"
 ) -> dict:
     """Ticks every dispatcher until a pass launches nothing twice in a row and no failed work unit
-    waits for a retry; then verifies the output and returns the summary."""
+    waits for a retry; then verifies the output. When verification fails, the recovery job runs
+    and the pipeline goes on (the re-injected clicks are pending clicks), up to MAX_RECOVERY_ROUNDS
+    times. Returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
-    with exclusive(layout), registry_service(layout, log):
+    with exclusive(layout, datacenters), registry_service(layout, log):
         instance = headless_instance(layout)
-        orphans = fail_orphaned_runs(instance)
+        orphans = fail_orphaned_runs(instance, datacenters)
         if orphans:
             log.warning("marked %d run(s) of a dead process as failed; their work units will be retried", orphans)
-        # Hand-off files of runs that died with their process (none is alive: we hold the lock).
-        shutil.rmtree(layout.staging, ignore_errors=True)
-        first_run = instance.get_runs_count()
+        # Hand-off files of this datacenter's runs that died with their process (none is alive: we
+        # hold its lock). Work unit ids start with their datacenter.
+        for dc in datacenters:
+            for leftover in layout.staging.glob(f"{dc}.*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        first_run = own_runs(instance, datacenters)
+        recoveries = []
+        if storage_lost(layout):
+            log.warning("data files of output tables are missing (storage loss): running recovery first")
+            recoveries.append(recover(instance, log))
         with workspace(instance) as context:
             sensors = remote_sensors(context)
             for sensor in sensors:
                 instance.start_sensor(sensor)
             try:
-                idle = 0
-                while idle < IDLE_PASSES:
-                    if time.monotonic() - started > timeout_seconds:
-                        raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
-                    pass_started = time.monotonic()
-                    before = instance.get_runs_count()
-                    ticks = execute_sensor_iteration(
-                        context, log.getChild("sensors"), threadpool_executor=None, submit_threadpool_executor=None
-                    )
-                    for _ in ticks:
-                        pass
-                    launched = instance.get_runs_count() - before
-                    waiting = work_units_awaiting_retry(instance) or dispatchers_waiting(
-                        instance, sensors, layout, datacenters
-                    )
-                    idle = idle + 1 if launched == 0 and not waiting else 0
-                    if launched:
-                        log.info("pass launched %d run(s); %d run(s) so far", launched, instance.get_runs_count() - first_run)
-                    time.sleep(max(0.0, PASS_INTERVAL_SECONDS - (time.monotonic() - pass_started)))
+                while True:
+                    drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run)
+                    verification = verify(instance, layout)
+                    if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
+                        break
+                    failed = sorted(name for name, passed in verification.items() if not passed)
+                    log.warning("verification failed (%s): running the recovery job", ", ".join(failed))
+                    recoveries.append(recover(instance, log))
+                    if not recovery_did_work(recoveries[-1]):
+                        break
             finally:
                 for sensor in sensors:
                     instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
-        runs = instance.get_runs_count() - first_run
-        verification = verify(instance)
+        runs = own_runs(instance, datacenters) - first_run
         summary = summarize(layout, datacenters, instance)
-    summary.update(runs=runs, verification=verification, wall_seconds=round(time.monotonic() - started, 2))
+    summary.update(runs=runs, verification=verification, recoveries=recoveries,
+                   wall_seconds=round(time.monotonic() - started, 2))
     return summary
+
+
+def own_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
+    """Runs of these datacenters' work units (other datacenters' pipelines share the instance)."""
+    return sum(instance.get_runs_count(dg.RunsFilter(tags={TAG_DC: dc})) for dc in datacenters)
+
+
+def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run) -> None:
+    """Sensor passes until two in a row launch nothing and nothing of these datacenters waits."""
+    idle = 0
+    while idle < IDLE_PASSES:
+        if time.monotonic() - started > timeout_seconds:
+            raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
+        pass_started = time.monotonic()
+        before = own_runs(instance, datacenters)
+        for _ in execute_sensor_iteration(
+            context, log.getChild("sensors"), threadpool_executor=None, submit_threadpool_executor=None
+        ):
+            pass
+        launched = own_runs(instance, datacenters) - before
+        retrying = [u for u in work_units_awaiting_retry(instance) if u.split(".")[0] in datacenters]
+        waiting = retrying or dispatchers_waiting(instance, sensors, layout, datacenters)
+        idle = idle + 1 if launched == 0 and not waiting else 0
+        if launched:
+            log.info("pass launched %d run(s); %d run(s) so far", launched, own_runs(instance, datacenters) - first_run)
+        time.sleep(max(0.0, PASS_INTERVAL_SECONDS - (time.monotonic() - pass_started)))
+
+
+def storage_lost(layout: DataLayout) -> bool:
+    """Whether a table recovery can repair references data files that are gone."""
+    from photon_assets.recovery import REPAIRABLE_TABLES
+    from resources.spark import delta_session
+    from spark_ops.verification import missing_data_files
+
+    paths = [layout.table(name) for name in REPAIRABLE_TABLES if (Path(layout.table(name)) / "_delta_log").is_dir()]
+    if not paths:
+        return False
+    spark = delta_session()
+    return any(missing_data_files(spark, path) for path in paths)
+
+
+def recover(instance: dg.DagsterInstance, log: logging.Logger) -> dict:
+    """Runs the recovery job as a recorded run of the instance; returns what it did."""
+    from definitions import defs
+    from photon_assets.recovery import RECOVER_JOB
+
+    result = defs.resolve_job_def(RECOVER_JOB).execute_in_process(
+        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
+        instance=instance,
+        raise_on_error=False,
+    )
+    if not result.success:
+        raise RunnerError(f"the recovery job failed (run {result.run_id}); see its logs in the Dagster UI")
+    outcome = result.output_for_node("recover_clicks")
+    log.info("recovery: %s", outcome)
+    return outcome
+
+
+def recovery_did_work(outcome: dict) -> bool:
+    return bool(outcome["reinjected"] or outcome["token_ids_cleared"] or any(outcome["missing_files"].values()))
 
 
 def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: DataLayout, datacenters: list[str]) -> list[str]:
@@ -252,17 +340,20 @@ def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: Dat
     return waiting
 
 
-def verify(instance: dg.DagsterInstance) -> dict[str, bool]:
-    """Runs the `verify` job (every asset check) as a recorded run of the instance."""
+def verify(instance: dg.DagsterInstance, layout: DataLayout) -> dict[str, bool]:
+    """Runs the `verify` job (the aggregate refreshed, then every asset check) as a recorded run of
+    the instance, with every table locked: a pipeline of another datacenter in another process
+    waits at its next commit, so that the checks see one consistent state."""
     from definitions import defs  # only now: it reads the data directory from the environment
+    from photon_assets.checks import ALL_CHECKS
 
-    result = defs.resolve_job_def("verify").execute_in_process(
-        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
-        instance=instance,
-        raise_on_error=False,
-        tags={"photon/kind": "verify"},
-    )
-    return {
-        evaluation.check_name: evaluation.passed
-        for evaluation in result.get_asset_check_evaluations()
-    }
+    with tables_locked([layout.table(name) for name in TABLES]):
+        result = defs.resolve_job_def("verify").execute_in_process(
+            run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
+            instance=instance,
+            raise_on_error=False,
+            tags={"photon/kind": "verify"},
+        )
+    passed = {evaluation.check_name: evaluation.passed for evaluation in result.get_asset_check_evaluations()}
+    # A check that raised (e.g. a table it reads lost a data file) has no evaluation: it failed.
+    return {check.check_key.name: passed.get(check.check_key.name, False) for check in ALL_CHECKS}

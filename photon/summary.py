@@ -1,5 +1,6 @@
 """The counts `photon run` reports (DESIGN.md: command line), read from the tables and registry."""
 
+import os
 import shutil
 
 import dagster as dg
@@ -18,7 +19,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     tables = {name: layout.table(name) for name in TABLES}
     in_scope = F.col("dc").isin(datacenters)
     ledger = read_table(spark, "click_ledger", tables["click_ledger"]).where(in_scope).persist()
-    staged = layout.staging / "summary"
+    staged = layout.staging / f"summary-{os.getpid()}"  # other datacenters' processes summarize too
     shutil.rmtree(staged, ignore_errors=True)
     registered = unstage(spark, registry_resource_from_env(str(layout.root)).get().scan(), staged)
     unjoinable = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"])
@@ -39,7 +40,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
             "queries_ingested": read_table(spark, "query_logs", tables["query_logs"]).where(in_scope).count(),
             "datacenters": datacenters,
             "failed_work_units": sorted(work_units_failed_for_good(instance)),
-            "event_store": event_store_totals(instance),
+            **materialization_totals(instance, datacenters),
         }
     finally:
         ledger.unpersist()
@@ -48,11 +49,16 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
 
 
 EVENT_STORE_KEYS = ("cache_hits", "logs_hits", "not_found", "logs_ranges_read", "logs_bytes_read")
+# Per datacenter: clicks looked up, skipped because another work unit had registered them (the
+# dispatcher lookup), joined, and wasted joins (joined, then refused by the registry).
+JOINER_KEYS = ("clicks", "skipped_registered", "joined", "refused")
 
 
-def event_store_totals(instance: dg.DagsterInstance) -> dict:
-    """Query lookups of every click run so far, by the EventStore tier that served them."""
+def materialization_totals(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
+    """Totals over every click run so far, from the joined_clicks materializations: query lookups by
+    the EventStore tier that served them, and the joiner's counts per datacenter."""
     totals = dict.fromkeys(EVENT_STORE_KEYS, 0)
+    per_dc = {dc: dict.fromkeys(JOINER_KEYS, 0) for dc in datacenters}
     cursor = None
     while True:
         page = instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=1000, cursor=cursor)
@@ -61,6 +67,11 @@ def event_store_totals(instance: dg.DagsterInstance) -> dict:
             for key in EVENT_STORE_KEYS:
                 value = metadata.get(f"eventstore_{key}")
                 totals[key] += value.value if value is not None else 0
+            dc = metadata.get("dc")
+            if dc is not None and dc.value in per_dc:
+                for key in JOINER_KEYS:
+                    value = metadata.get(f"clicks_{key}")
+                    per_dc[dc.value][key] += value.value if value is not None else 0
         if not page.has_more:
             break
         cursor = page.cursor
@@ -69,4 +80,11 @@ def event_store_totals(instance: dg.DagsterInstance) -> dict:
     found = totals["cache_hits"] + totals["logs_hits"]
     totals["logs_bytes_per_lookup"] = round(totals["logs_bytes_read"] / totals["logs_hits"], 1) if totals["logs_hits"] else None
     totals["found_ratio"] = round(found / lookups, 4) if lookups else None
-    return totals
+    joined = sum(d["joined"] for d in per_dc.values())
+    wasted = sum(d["refused"] for d in per_dc.values())
+    return {
+        "event_store": totals,
+        "joiner_by_dc": per_dc,
+        # Photon §4: share of events processed by both joiners (joined here, refused by the registry).
+        "wasted_join_share": round(wasted / (joined + wasted), 4) if joined + wasted else None,
+    }

@@ -19,13 +19,18 @@ from sensors.retries import work_units_in_flight
 from spark_ops.aggregates import aggregate_clicks
 from spark_ops.handoff import unstage
 from spark_ops.tables import read_table
+from spark_ops.verification import confirmed_tokens, unresolved_ids
+
+LOST_SAMPLE = 20  # lost ids listed in the check's metadata
 
 def _ids(df: DataFrame) -> DataFrame:
     return df.select("click_id").distinct()
 
 
-def registry_frame(spark, registry: IdRegistryResource, warehouse: WarehouseResource) -> DataFrame:
-    path = warehouse.layout.staging / "verification" / "registry"
+def registry_frame(spark, registry: IdRegistryResource, warehouse: WarehouseResource, run_id: str) -> DataFrame:
+    """Every registered id, staged under the run's own directory (pipelines of other datacenters
+    may verify at the same time)."""
+    path = warehouse.layout.staging / f"verification-{run_id}"
     shutil.rmtree(path, ignore_errors=True)
     return unstage(spark, registry.get().scan(), path).persist()
 
@@ -58,7 +63,7 @@ def clicks_accounted_for(
     seen = _ids(read_table(session, "click_ledger", tables["click_ledger"])).persist()
     joined = _ids(read_table(session, "joined_clicks", tables["joined_clicks"]))
     unjoinable = _ids(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]))
-    registered = registry_frame(session, registry, warehouse)
+    registered = registry_frame(session, registry, warehouse, context.run.run_id)
     in_flight = work_units_in_flight(context.instance)
     resolved = joined.unionByName(unjoinable).distinct()
     # Not registered and not unjoinable (too old for the registry): pending, and then a pending
@@ -89,14 +94,17 @@ def clicks_accounted_for(
     finally:
         seen.unpersist()
         registered.unpersist()
+        shutil.rmtree(warehouse.layout.staging / f"verification-{context.run.run_id}", ignore_errors=True)
     passed = all(counts[k] == 0 for k in ("joined_and_unjoinable", "output_never_seen", "registered_without_output", "pending_untracked"))
     return dg.AssetCheckResult(passed=passed, metadata=counts)
 
 
 @dg.asset_check(
     asset="joined_clicks",
-    description="Every id in the registry is in joined_clicks or unjoinable_clicks, or belongs to "
-    "a work unit still in flight.",
+    description="Verification (Photon §3.3.3): lists registered ids whose output is in neither "
+    "joined_clicks nor unjoinable_clicks although no work unit that could write it is in flight "
+    "(lost: the recover_lost_clicks job re-injects them), and counts finished work units whose "
+    "tokens were never cleared.",
 )
 def registry_matches_output(
     context: dg.AssetCheckExecutionContext,
@@ -106,23 +114,29 @@ def registry_matches_output(
 ) -> dg.AssetCheckResult:
     session = spark.session()
     tables = warehouse.tables()
-    registered = registry_frame(session, registry, warehouse)
-    resolved = _ids(read_table(session, "joined_clicks", tables["joined_clicks"])).unionByName(
-        _ids(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]))
-    )
-    in_flight = work_units_in_flight(context.instance)
+    registered = registry_frame(session, registry, warehouse, context.run.run_id)
+    in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see unresolved_ids
+    joined = read_table(session, "joined_clicks", tables["joined_clicks"])
+    unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
+    lost = unresolved_ids(registered, joined, unjoinable, in_flight).persist()
     try:
-        missing = registered.join(resolved, "click_id", "left_anti")
         counts = {
             "registered_ids": registered.count(),
             "ids_with_token": registered.where(F.col("token").isNotNull()).count(),
-            "missing_from_output": missing.count(),
-            "missing_in_flight": missing.where(F.col("token").isin(list(in_flight))).count(),
+            "lost_ids": lost.count(),
+            "lost_ids_with_token": lost.where(F.col("token").isNotNull()).count(),
+            "tokens_to_clear": confirmed_tokens(registered, joined, unjoinable, in_flight).count(),
+            "work_units_in_flight": len(in_flight),
         }
+        sample = [row["click_id"] for row in lost.select("click_id").orderBy("click_id").limit(LOST_SAMPLE).collect()]
     finally:
+        lost.unpersist()
+        shutil.rmtree(warehouse.layout.staging / f"verification-{context.run.run_id}", ignore_errors=True)
         registered.unpersist()
-    lost = counts["missing_from_output"] - counts["missing_in_flight"]
-    return dg.AssetCheckResult(passed=lost == 0, metadata={**counts, "missing_for_good": lost})
+    return dg.AssetCheckResult(
+        passed=counts["lost_ids"] == 0,
+        metadata={**counts, "lost_click_ids_sample": dg.JsonMetadataValue(sample)},
+    )
 
 
 @dg.asset_check(asset="click_aggregates", description="click_aggregates equals the aggregation of joined_clicks.")

@@ -14,6 +14,7 @@ TAG_WORK_UNIT = "photon/work_unit"
 TAG_KIND = "photon/kind"
 TAG_ATTEMPT = "photon/attempt"
 TAG_PENDING = "photon/pending"
+TAG_RECOVERED = "photon/recovered"  # on a work unit's failed last attempt: the recovery run that made it good
 
 
 class LogRange(dg.Config):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from photon_assets.work_unit import TAG_ATTEMPT, TAG_DC, TAG_WORK_UNIT
+from photon_assets.work_unit import TAG_ATTEMPT, TAG_DC, TAG_RECOVERED, TAG_WORK_UNIT
 from resources.settings import PipelineSettings, pipeline_settings
 
 UNFINISHED = {
@@ -60,6 +60,8 @@ def plan_retries(
     filters = dg.RunsFilter(job_name=job_name, statuses=[dg.DagsterRunStatus.FAILURE], tags={TAG_DC: dc})
     for record in _failed_latest_attempts(instance, filters):
         run = record.dagster_run
+        if TAG_RECOVERED in run.tags:
+            continue
         unit = run.tags[TAG_WORK_UNIT]
         attempt = int(run.tags.get(TAG_ATTEMPT, "1"))
         if attempt >= settings.max_attempts:
@@ -82,13 +84,27 @@ def plan_retries(
 
 
 def _failed_work_units(instance: dg.DagsterInstance, exhausted: bool) -> set[str]:
+    return {r.dagster_run.tags[TAG_WORK_UNIT] for r in _failed_runs(instance, exhausted)}
+
+
+def _failed_runs(instance: dg.DagsterInstance, exhausted: bool) -> list[dg.RunRecord]:
     max_attempts = pipeline_settings().max_attempts
     records = _failed_latest_attempts(instance, dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
-    return {
-        r.dagster_run.tags[TAG_WORK_UNIT]
-        for r in records
+    return [
+        r for r in records
         if (int(r.dagster_run.tags.get(TAG_ATTEMPT, "1")) >= max_attempts) == exhausted
-    }
+        and TAG_RECOVERED not in r.dagster_run.tags
+    ]
+
+
+def runs_failed_for_good(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
+    """The last attempt of each work unit that failed max_attempts times and was not recovered."""
+    return _failed_runs(instance, exhausted=True)
+
+
+def mark_recovered(instance: dg.DagsterInstance, record: dg.RunRecord, recovery_run_id: str) -> None:
+    """The recovery job made good the clicks of this failed work unit: it is no longer reported."""
+    instance.add_run_tags(record.dagster_run.run_id, {TAG_RECOVERED: recovery_run_id})
 
 
 def work_units_awaiting_retry(instance: dg.DagsterInstance) -> set[str]:

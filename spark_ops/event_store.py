@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from spark_ops.parse import CHUNK_FIELDS, parse_chunks, events
 from spark_ops.schemas import PARSED, arrow_schema
+from spark_ops.tables import table_lock
 
 # `<server_ip>:<process_id>:<timestamp_us>`; an IPv6 address may itself contain colons.
 EVENT_ID = r"^(.+):([^:]+):(\d+)$"
@@ -50,10 +51,11 @@ def evict_from_cache(spark: SparkSession, path: str, dc: str, before_us: int, va
     condition = (F.col("dc") == dc) & (F.col("timestamp_us") < before_us)
     removed = spark.read.format("delta").load(path).where(condition).count()
     if removed:
-        table = DeltaTable.forPath(spark, path)
-        table.delete(condition)
-        # Files an earlier eviction removed are deleted once they are old enough.
-        table.vacuum(vacuum_retain_hours)
+        with table_lock(path):
+            table = DeltaTable.forPath(spark, path)
+            table.delete(condition)
+            # Files an earlier eviction removed are deleted once they are old enough.
+            table.vacuum(vacuum_retain_hours)
     return removed
 
 

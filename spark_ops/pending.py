@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 
 from sensors.stream_state import PendingDigest, QueryProgress
 from spark_ops.event_store import event_id_parts
-from spark_ops.tables import TABLE_SCHEMAS, ensure_table, read_table
+from spark_ops.tables import TABLE_SCHEMAS, ensure_table, read_table, table_lock
 
 PROGRESS_SCHEMA = T.StructType(
     [
@@ -51,7 +51,8 @@ class PendingPolicy:
         seconds = F.least(
             F.lit(self.backoff_max_seconds), F.lit(self.backoff_seconds) * F.pow(F.lit(2.0), F.col("attempts") - 1)
         )
-        return F.col("last_attempt_at").cast("double") + seconds
+        # Never attempted (re-injected by recovery): no backoff.
+        return F.coalesce(F.col("last_attempt_at").cast("double") + seconds, F.lit(0.0))
 
     def _with_data_ready(self, pending: DataFrame) -> DataFrame:
         """`data_ready`: query data that could hold the click's query arrived since its last lookup,
@@ -134,15 +135,16 @@ def update_pending(path: str, dc: str, token: str, still_pending: DataFrame, att
     if attempted is not None:
         gone = attempted.select("click_id").join(rows.select("click_id"), "click_id", "left_anti")
         rows = rows.unionByName(gone.withColumn("still_pending", F.lit(False)), allowMissingColumns=True)
-    (
-        DeltaTable.forPath(spark, path).alias("t")
-        .merge(rows.alias("s"), f"t.dc = '{dc}' AND t.click_id = s.click_id")
-        .whenMatchedDelete(condition="NOT s.still_pending")
-        .whenMatchedUpdate(
-            condition=f"s.still_pending AND t.last_attempt_unit <> '{token}'",
-            set={**{c: f"s.{c}" for c in columns if c not in ("dc", "click_id")},
-                 "attempts": "greatest(t.attempts, s.attempts)"},
+    with table_lock(path):
+        (
+            DeltaTable.forPath(spark, path).alias("t")
+            .merge(rows.alias("s"), f"t.dc = '{dc}' AND t.click_id = s.click_id")
+            .whenMatchedDelete(condition="NOT s.still_pending")
+            .whenMatchedUpdate(
+                condition=f"s.still_pending AND t.last_attempt_unit <> '{token}'",
+                set={**{c: f"s.{c}" for c in columns if c not in ("dc", "click_id")},
+                     "attempts": "greatest(t.attempts, s.attempts)"},
+            )
+            .whenNotMatchedInsert(condition="s.still_pending", values={c: f"s.{c}" for c in columns})
+            .execute()
         )
-        .whenNotMatchedInsert(condition="s.still_pending", values={c: f"s.{c}" for c in columns})
-        .execute()
-    )

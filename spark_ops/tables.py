@@ -5,9 +5,19 @@
 - `insert_new`: MERGE inserting only keys absent from the table. Used for outputs whose key must
   never repeat (`click_id`): even a retried work unit that joins more clicks than its first attempt
   cannot duplicate one.
+
+Every commit holds the table's lock (`table_lock`). Delta needs the storage to let only one writer
+create a given log file; on a local file system its LogStore guarantees that only within one JVM, and
+each datacenter's `photon run` is its own JVM writing the same tables.
 """
 
 from __future__ import annotations
+
+import fcntl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -116,12 +126,55 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
 }
 
 
+_lock_guard = threading.Lock()
+_thread_locks: dict[Path, threading.RLock] = {}
+_held: dict[Path, tuple[int, object]] = {}  # lock file -> (depth, open file holding the flock)
+
+
+@contextmanager
+def table_lock(path: str) -> Iterator[None]:
+    """Exclusive right to commit to the Delta table at `path`, across processes (an flock on
+    `<warehouse>/.locks/<table>.lock`) and threads; re-entrant within a thread."""
+    lock_file = Path(path).parent / ".locks" / f"{Path(path).name}.lock"
+    with _lock_guard:
+        in_process = _thread_locks.setdefault(lock_file, threading.RLock())
+    with in_process:
+        depth, handle = _held.get(lock_file, (0, None))
+        if depth == 0:
+            lock_file.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(lock_file, "a")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        _held[lock_file] = (depth + 1, handle)
+        try:
+            yield
+        finally:
+            depth, handle = _held.pop(lock_file)
+            if depth > 1:
+                _held[lock_file] = (depth - 1, handle)
+            else:
+                handle.close()  # releases the flock
+
+
+@contextmanager
+def tables_locked(paths: list[str]) -> Iterator[None]:
+    """Every table of `paths` locked (in a fixed order, so two holders never deadlock)."""
+    if not paths:
+        yield
+        return
+    first, *rest = sorted(paths)
+    with table_lock(first), tables_locked(rest):
+        yield
+
+
 def ensure_table(spark: SparkSession, name: str, path: str) -> None:
+    if (Path(path) / "_delta_log").is_dir():
+        return
     schema, partitions = TABLE_SCHEMAS[name]
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-    if partitions:
-        builder = builder.partitionedBy(*partitions)
-    builder.execute()
+    with table_lock(path):
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+        if partitions:
+            builder = builder.partitionedBy(*partitions)
+        builder.execute()
 
 
 def read_table(spark: SparkSession, name: str, path: str) -> DataFrame:
@@ -144,30 +197,33 @@ def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, Dat
 def append_once(df: DataFrame, name: str, path: str, app_id: str, version: int = 1) -> None:
     ensure_table(df.sparkSession, name, path)
     schema, _ = TABLE_SCHEMAS[name]
-    (
-        df.select(*schema.fieldNames())
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", version)
-        .save(path)
-    )
+    with table_lock(path):
+        (
+            df.select(*schema.fieldNames())
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", app_id)
+            .option("txnVersion", version)
+            .save(path)
+        )
 
 
 def insert_new(df: DataFrame, name: str, path: str, key: str) -> None:
     spark = df.sparkSession
     ensure_table(spark, name, path)
     schema, _ = TABLE_SCHEMAS[name]
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(df.select(*schema.fieldNames()).alias("s"), f"t.{key} = s.{key}")
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
+    with table_lock(path):
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(df.select(*schema.fieldNames()).alias("s"), f"t.{key} = s.{key}")
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
 
 
 def overwrite(df: DataFrame, name: str, path: str) -> None:
     ensure_table(df.sparkSession, name, path)
     schema, _ = TABLE_SCHEMAS[name]
-    df.select(*schema.fieldNames()).write.format("delta").mode("overwrite").save(path)
+    with table_lock(path):
+        df.select(*schema.fieldNames()).write.format("delta").mode("overwrite").save(path)

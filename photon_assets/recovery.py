@@ -1,0 +1,135 @@
+"""The recovery job (Photon §3.3.3): output lost after its ids were registered is joined again.
+
+1. Output tables whose data files have gone (storage loss) are rewritten from what remains.
+2. Lost ids, and clicks a finished work unit read but left untracked (spark_ops/verification.py),
+   are re-injected as pending clicks of the datacenter that read them, from the click ledger, and
+   only then unregistered: a crash in between leaves them registered and lost, so the next
+   verification finds them again (never nowhere).
+3. Tokens of finished work units whose output is confirmed are cleared.
+4. Click work units that failed for good after their clicks reached the ledger are marked recovered:
+   their clicks are now all joined, pending or unjoinable like any other.
+The pending-click dispatchers then join the re-injected clicks like any pending click.
+"""
+
+import shutil
+
+import dagster as dg
+from pyspark.sql import functions as F
+
+from photon_assets.checks import registry_frame
+from photon_assets.clicks import pending_policy
+from photon_assets.jobs import REGISTRY_TAGS
+from photon_assets.work_unit import PENDING, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
+from resources.registry import IdRegistryResource
+from resources.settings import PipelineSettings
+from resources.spark import SparkResource
+from resources.storage import WarehouseResource
+from sensors.retries import mark_recovered, runs_failed_for_good, work_units_in_flight
+from sensors.stream_state import QueryProgress
+from spark_ops.handoff import stage
+from spark_ops.tables import read_table
+from spark_ops.verification import (
+    RECOVERY_UNIT_PREFIX,
+    add_pending,
+    confirmed_tokens,
+    reinjected_clicks,
+    repair_table,
+    unresolved_ids,
+    untracked_clicks,
+)
+
+RECOVER_JOB = "recover_lost_clicks"
+# Tables whose lost files recovery can make good: the outputs (re-joined through the registry) and
+# the pending clicks (their clicks are in the ledger, unregistered: the checks count them untracked).
+REPAIRABLE_TABLES = ("joined_clicks", "unjoinable_clicks", "click_aggregates", "pending_clicks")
+
+
+@dg.op(description="Repair output tables after storage loss, re-inject lost clicks as pending, "
+       "unregister them, and clear tokens of confirmed output.")
+def recover_clicks(
+    context: dg.OpExecutionContext,
+    spark: SparkResource,
+    warehouse: WarehouseResource,
+    registry: IdRegistryResource,
+    settings: PipelineSettings,
+) -> dg.Output[dict]:
+    session = spark.session()
+    tables = warehouse.tables()
+    layout = warehouse.layout
+    missing_files = {name: repair_table(session, name, tables[name]) for name in REPAIRABLE_TABLES}
+    registered = registry_frame(session, registry, warehouse, context.run_id)
+    staged = layout.staging / f"recovery-{context.run_id}"
+    ids = registry.get()
+    try:
+        in_flight = sorted(work_units_in_flight(context.instance))  # after the scan
+        joined = read_table(session, "joined_clicks", tables["joined_clicks"])
+        unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
+        failed = runs_failed_for_good(context.instance)
+        lost = unresolved_ids(registered, joined, unjoinable, in_flight).persist()
+        ledger = read_table(session, "click_ledger", tables["click_ledger"])
+        pending = read_table(session, "pending_clicks", tables["pending_clicks"])
+        untracked = untracked_clicks(ledger, registered, unjoinable, pending, in_flight).persist()
+        to_reinject = lost.select("click_id", "token").unionByName(untracked)
+        reinjected = reinjected_clicks(to_reinject, ledger, f"{RECOVERY_UNIT_PREFIX}.{context.run_id}").persist()
+        tokens = [row["token"] for row in confirmed_tokens(registered, joined, unjoinable, in_flight).collect()]
+        counts = {"lost_ids": lost.count(), "untracked": untracked.count(), "reinjected": reinjected.count(),
+                  "unregistered": 0}
+        counts["without_source"] = counts["lost_ids"] + counts["untracked"] - counts["reinjected"]
+        if counts["reinjected"]:
+            add_pending(session, tables["pending_clicks"], reinjected)
+            counts["unregistered"] = ids.delete(
+                stage(reinjected.select("click_id", "timestamp_us"), staged / "unregister")
+            )
+        cleared = sum(ids.clear_tokens(token) for token in tokens)
+        dcs = sorted(row["dc"] for row in reinjected.select("dc").distinct().collect())
+        recovered_units = [record.dagster_run.tags[TAG_WORK_UNIT] for record in failed
+                           if clicks_accounted(session, tables, record)]
+        for record in failed:
+            if record.dagster_run.tags[TAG_WORK_UNIT] in recovered_units:
+                mark_recovered(context.instance, record, context.run_id)
+    finally:
+        registered.unpersist()
+        shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(layout.staging / f"verification-{context.run_id}", ignore_errors=True)
+    lost.unpersist()
+    untracked.unpersist()
+    reinjected.unpersist()
+    # The pending-click dispatchers of these datacenters act on their digests.
+    for dc in dcs:
+        policy = pending_policy(QueryProgress.load(layout.query_progress_file(dc)), settings)
+        policy.digest(session, tables["pending_clicks"], dc).save(layout.pending_digest_file(dc))
+    if counts["without_source"]:
+        context.log.error(
+            f"{counts['without_source']} lost id(s) have no click in the ledger to re-inject; they stay "
+            "registered (and reported by the registry_matches_output check)"
+        )
+    result = {**counts, "tokens_cleared": len(tokens), "token_ids_cleared": cleared,
+              "datacenters": dcs, "missing_files": missing_files, "recovered_work_units": recovered_units}
+    context.log.info(f"recovery: {result}")
+    return dg.Output(result, metadata={k: dg.JsonMetadataValue(v) if isinstance(v, (dict, list)) else v
+                                       for k, v in result.items()})
+
+
+def clicks_accounted(session, tables: dict[str, str], record: dg.RunRecord) -> bool:
+    """Whether the clicks of a failed click work unit are all known: a pending-click retry takes
+    its clicks from pending_clicks, which it never got to change; new log bytes once their lines
+    reached the ledger (or quarantine), which happens in one commit before the join."""
+    tags = record.dagster_run.tags
+    if tags.get(TAG_STREAM) != "click":
+        return False
+    if tags.get(TAG_KIND) == PENDING:
+        return True
+    unit = F.col("work_unit") == tags[TAG_WORK_UNIT]
+    return any(
+        not read_table(session, name, tables[name]).where(unit).isEmpty()
+        for name in ("click_ledger", "quarantined_lines")
+    )
+
+
+@dg.job(
+    name=RECOVER_JOB,
+    tags={**REGISTRY_TAGS, "photon/kind": "recovery"},
+    description="Photon §3.3.3 recovery: clicks registered but missing from the output are joined again.",
+)
+def recover_lost_clicks_job():
+    recover_clicks()

@@ -1,0 +1,121 @@
+"""Verification and recovery (Photon §3.3.3) as Spark transformations.
+
+An id in the registry whose output is not in `joined_clicks` or `unjoinable_clicks` is lost once no
+work unit that could still write it is in flight: its token belongs to a work unit that finished
+(succeeded, or failed for good), or its token was cleared and the output has gone since (storage
+loss). Recovery unregisters such ids and re-injects their clicks as pending clicks, so that the
+pending retries join them again, exactly once.
+
+Storage loss: a data file a Delta table still references but that is gone makes every read of the
+table fail. `repair_table` rewrites the table from the files that remain; the rows lost with the file
+then show up here as lost ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from spark_ops.event_store import event_id_parts
+from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, ensure_table, overwrite, table_lock
+
+RECOVERY_UNIT_PREFIX = "recovery"
+
+
+def missing_data_files(spark: SparkSession, path: str) -> list[str]:
+    """Data files the table's current version references that are not on disk."""
+    files = spark.read.format("delta").load(path).inputFiles()
+    return [f for f in files if not Path(unquote(urlparse(f).path)).exists()]
+
+
+def repair_table(spark: SparkSession, name: str, path: str) -> int:
+    """Rewrites the table without the rows of its missing data files; returns how many files were
+    missing. Under the table's lock, so no pipeline commits in between."""
+    ensure_table(spark, name, path)
+    with table_lock(path):
+        missing = missing_data_files(spark, path)
+        if missing:
+            spark.conf.set("spark.sql.files.ignoreMissingFiles", "true")
+            try:
+                overwrite(spark.read.format("delta").load(path), name, path)
+            finally:
+                spark.conf.unset("spark.sql.files.ignoreMissingFiles")
+    return len(missing)
+
+
+def unresolved_ids(registered: DataFrame, joined: DataFrame, unjoinable: DataFrame, in_flight: list[str]) -> DataFrame:
+    """Registered ids (click_id, timestamp_us, token) with no output whose work unit is not in
+    flight: lost. `in_flight` must be read after the registry was scanned, so that a work unit
+    that registered ids after it was read cannot look finished."""
+    settled = registered.where(F.col("token").isNull() | ~F.col("token").isin(in_flight))
+    resolved = joined.select("click_id").unionByName(unjoinable.select("click_id"))
+    return settled.join(resolved, "click_id", "left_anti")
+
+
+def untracked_clicks(
+    ledger: DataFrame, registered: DataFrame, unjoinable: DataFrame, pending: DataFrame, in_flight: list[str]
+) -> DataFrame:
+    """Clicks (click_id, token = a work unit that read it) that a finished work unit read but that
+    are neither registered, unjoinable nor pending: a click work unit that failed for good before
+    it recorded its pending clicks. Recovery re-injects them like lost ids."""
+    settled = ledger.where(~F.col("work_unit").isin(in_flight))
+    return (
+        settled.groupBy("click_id").agg(F.min("work_unit").alias("token"))
+        .join(registered.select("click_id"), "click_id", "left_anti")
+        .join(unjoinable.select("click_id"), "click_id", "left_anti")
+        .join(pending.select("click_id"), "click_id", "left_anti")
+    )
+
+
+def confirmed_tokens(registered: DataFrame, joined: DataFrame, unjoinable: DataFrame, in_flight: list[str]) -> DataFrame:
+    """Tokens (one column `token`) of finished work units that still hold ids whose output is
+    confirmed: a work unit that wrote its output but died before clearing its tokens."""
+    resolved = joined.select("click_id").unionByName(unjoinable.select("click_id"))
+    return (
+        registered.where(F.col("token").isNotNull() & ~F.col("token").isin(in_flight))
+        .join(resolved, "click_id", "left_semi")
+        .select("token")
+        .distinct()
+    )
+
+
+def reinjected_clicks(lost: DataFrame, ledger: DataFrame, recovery_unit: str) -> DataFrame:
+    """`pending_clicks` rows for lost ids, from the click ledger: one per click, in the datacenter
+    whose work unit registered it if that one read it, else any datacenter that did. Due at once:
+    never attempted (no backoff), and ready as soon as its query's writer has any data."""
+    owner = F.split(F.col("token"), r"\.").getItem(0)
+    candidates = ledger.join(lost.select("click_id", owner.alias("owner_dc")), "click_id")
+    rank = F.row_number().over(
+        Window.partitionBy("click_id").orderBy((F.col("dc") != F.col("owner_dc")).cast("int"), "dc")
+    )
+    parts = event_id_parts("query_id")
+    chosen = candidates.withColumn("rank", rank).where(F.col("rank") == 1)
+    return chosen.select(
+        "dc",
+        *[F.col("extra").alias("click_extra") if f.name == "click_extra" else F.col(f.name) for f in CLICK_EVENT],
+        F.when(parts[0].isNotNull() & parts[1].isNotNull(), F.concat_ws(":", parts[0], parts[1])).alias("query_writer"),
+        parts[2],
+        F.lit(0).cast("int").alias("attempts"),
+        F.lit(None).cast("timestamp").alias("last_attempt_at"),
+        F.lit(recovery_unit).alias("last_attempt_unit"),
+        F.lit(None).cast("long").alias("writer_ts_at_attempt"),
+        F.lit(0).cast("int").alias("writer_files_at_attempt"),
+    )
+
+
+def add_pending(spark: SparkSession, path: str, rows: DataFrame) -> None:
+    """Inserts pending clicks not pending yet in their datacenter (a repeated recovery adds none)."""
+    ensure_table(spark, "pending_clicks", path)
+    columns = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
+    with table_lock(path):
+        (
+            DeltaTable.forPath(spark, path).alias("t")
+            .merge(rows.select(*columns).alias("s"), "t.dc = s.dc AND t.click_id = s.click_id")
+            .whenNotMatchedInsertAll()
+            .execute()
+        )

@@ -1,0 +1,208 @@
+"""Two datacenters sharing one registry, and the fault-injection suite of issue 5: real processes are
+killed (pipelines, the registry server), pipelines of both datacenters run at the same time, an
+output file is deleted behind the pipeline's back. After each scenario the invariants of DESIGN.md
+hold: no duplicate, nothing lost once recovery ran (the ground truth of `photon gen` decides)."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from photon.layout import REPO_ROOT
+from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
+
+
+def generate(data_dir: Path, *extra: str) -> dict:
+    result = photon("gen", "--data-dir", str(data_dir), "--queries", "1500", "--seed", "23", *extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads((data_dir / "gen_summary.json").read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RegistryServer:
+    """`photon registry serve` on a fixed port, so that a restarted server has the same address."""
+
+    def __init__(self, data_dir: Path, port: int):
+        self.data_dir, self.port, self.address = data_dir, port, f"127.0.0.1:{port}"
+        self.process = None
+
+    def start(self) -> "RegistryServer":
+        ready = self.data_dir / "state" / f"test-registry-{time.monotonic_ns()}"
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.data_dir / "state" / "test-registry.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [*PHOTON, "registry", "serve", "--data-dir", str(self.data_dir), "--port", str(self.port),
+                 "--ready-file", str(ready)], cwd=REPO_ROOT, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert self.process.poll() is None and time.monotonic() < deadline, "registry server did not start"
+            time.sleep(0.1)
+        return self
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+def start_run(data_dir: Path, *extra: str, env_extra: dict | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "PHOTON_FAULT"}
+    return subprocess.Popen([*PHOTON, "run", "--data-dir", str(data_dir), "--until-idle", "--json", *extra],
+                            cwd=REPO_ROOT, env={**env, **(env_extra or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished(process: subprocess.Popen, timeout: float = 900) -> dict:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def joined_ids(data_dir: Path) -> list[str]:
+    return DeltaTable(str(data_dir / "warehouse" / "joined_clicks")).to_pyarrow_table(columns=["click_id"]) \
+        .column("click_id").to_pylist()
+
+
+def assert_exactly_once(data_dir: Path, truth: dict) -> None:
+    """The independent reader's view: every joinable click once, nothing else."""
+    ids = joined_ids(data_dir)
+    assert len(ids) == len(set(ids)), "duplicate click_id in joined_clicks"
+    assert set(ids) == set(truth["joinable_click_ids"])
+
+
+def test_both_datacenters_at_once_share_the_registry_and_skip_each_others_clicks(tmp_path):
+    truth = generate(tmp_path, "--datacenters", "dc1,dc2")
+    registry = RegistryServer(tmp_path, free_port()).start()
+    try:
+        env = {"PHOTON_REGISTRY_ADDRESS": registry.address}
+        dc1 = start_run(tmp_path, "--datacenters", "dc1", env_extra=env)
+        dc2 = start_run(tmp_path, "--datacenters", "dc2", env_extra=env)
+        first, second = finished(dc1), finished(dc2)
+        # Verified again once both are done: each verified while the other may still have been joining.
+        final = run(tmp_path, "--datacenters", "dc1", env_extra=env)
+    finally:
+        registry.stop()
+    assert_matches_ground_truth(final, truth)
+    assert_exactly_once(tmp_path, truth)
+    assert final["runs"] == 0
+    joiners = [first["joiner_by_dc"]["dc1"], second["joiner_by_dc"]["dc2"]]
+    assert sum(j["joined"] for j in joiners) == truth["joinable_clicks"]
+    # Overlapping backlogs: a click one datacenter registered first, the other skipped at its lookup
+    # or, when both looked it up before either committed, joined and had refused (a wasted join).
+    assert sum(j["skipped_registered"] + j["refused"] for j in joiners) > 0
+    for summary in (first, second):
+        assert all(summary["verification"].values()), summary["verification"]
+
+
+def test_a_second_run_of_one_datacenter_is_refused_and_one_line(tmp_path):
+    generate(tmp_path)
+    locks = tmp_path / "state" / "locks"
+    locks.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+                               str(locks / "dc1.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = photon("run", "--data-dir", str(tmp_path), "--until-idle", timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == f"photon: error: another photon run is running datacenter dc1 of {tmp_path}"
+
+
+def test_registry_server_killed_and_restarted_mid_run(tmp_path):
+    truth = generate(tmp_path)
+    registry = RegistryServer(tmp_path, free_port()).start()
+    env = {"PHOTON_REGISTRY_ADDRESS": registry.address}
+    pipeline = start_run(tmp_path, env_extra=env)
+    try:
+        # Once clicks are being joined, the registry dies, and comes back 3 s later on the same files.
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "warehouse" / "joined_clicks" / "_delta_log").is_dir():
+            assert pipeline.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        registry.kill()
+        time.sleep(3)
+        registry.start()
+        pipeline.communicate(timeout=900)
+        # Work units whose registry calls failed meanwhile were retried; a pipeline that gave some up
+        # is run again, as an operator would.
+        final = run(tmp_path, env_extra=env)
+    finally:
+        if pipeline.poll() is None:
+            pipeline.kill()
+        registry.stop()
+    assert_matches_ground_truth(final, truth)
+    assert_exactly_once(tmp_path, truth)
+
+
+def test_pipeline_sigkilled_at_random_moments_then_rerun(tmp_path):
+    truth = generate(tmp_path)
+    rng = random.Random(5)
+    kills = 0
+    for _ in range(3):
+        pipeline = start_run(tmp_path)
+        time.sleep(rng.uniform(12, 40))
+        if pipeline.poll() is None:
+            pipeline.send_signal(signal.SIGKILL)
+            kills += 1
+        pipeline.communicate(timeout=120)
+    final = run(tmp_path)
+    assert kills >= 1
+    assert_matches_ground_truth(final, truth)
+    assert_exactly_once(tmp_path, truth)
+
+
+def test_output_file_lost_behind_the_pipelines_back_is_recovered(tmp_path):
+    truth = generate(tmp_path)
+    run(tmp_path)
+    table = tmp_path / "warehouse" / "joined_clicks"
+    files = sorted(table.glob("*.parquet"), key=lambda p: p.stat().st_size)
+    lost = len(DeltaTable(str(table)).to_pyarrow_table(columns=["click_id"]).column("click_id"))
+    files[-1].unlink()
+
+    final = run(tmp_path)
+    recovery = final["recoveries"][0]
+    assert recovery["missing_files"]["joined_clicks"] == 1
+    assert 0 < recovery["reinjected"] == recovery["lost_ids"] <= lost
+    assert recovery["without_source"] == 0
+    assert_matches_ground_truth(final, truth)
+    assert_exactly_once(tmp_path, truth)
+
+
+def test_work_unit_failed_for_good_after_registry_commit_is_recovered(tmp_path):
+    """Photon §3.3.3: ids registered by a work unit that never wrote its output (it crashed after
+    the commit, and is not retried: max_attempts 1) are found by verification, unregistered and
+    joined again by the recovery job; the failed work unit is then made good."""
+    truth = generate(tmp_path)
+    settings = {"PHOTON_SETTINGS": json.dumps({"max_attempts": 1})}
+    killed = photon("run", "--data-dir", str(tmp_path), "--until-idle",
+                    env_extra={"PHOTON_FAULT": "after_registry_commit:kill", **settings})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+
+    final = run(tmp_path, env_extra=settings)
+    recovery = final["recoveries"][0]
+    assert recovery["lost_ids"] > 0 and recovery["reinjected"] == recovery["lost_ids"] + recovery["untracked"]
+    assert len(recovery["recovered_work_units"]) == 1
+    assert_matches_ground_truth(final, truth)
+    assert_exactly_once(tmp_path, truth)

@@ -1,0 +1,105 @@
+"""Verification and recovery transformations (Photon §3.3.3) and the table commit lock, on real
+Spark and Delta."""
+
+import subprocess
+import sys
+
+from pyspark.sql import types as T
+
+from photon.layout import TABLES
+from spark_ops.tables import TABLE_SCHEMAS, append_once, read_table, table_lock
+from spark_ops.verification import (
+    add_pending,
+    confirmed_tokens,
+    missing_data_files,
+    reinjected_clicks,
+    repair_table,
+    unresolved_ids,
+    untracked_clicks,
+)
+
+REGISTERED = T.StructType([T.StructField("click_id", T.StringType()), T.StructField("timestamp_us", T.LongType()),
+                           T.StructField("token", T.StringType())])
+IDS = T.StructType([T.StructField("click_id", T.StringType())])
+
+
+def ledger_rows(spark, rows):
+    """click_ledger rows from (dc, click_id, work_unit)."""
+    schema = TABLE_SCHEMAS["click_ledger"][0]
+    return spark.createDataFrame(
+        [(dc, cid, "10.1.0.1:7:100", 200, "ad1", "adv1", 5, "{}", "f", 0, 10, unit) for dc, cid, unit in rows], schema
+    )
+
+
+def test_lost_ids_are_those_without_output_and_without_a_work_unit_in_flight(spark):
+    registered = spark.createDataFrame([
+        ("joined", 1, None), ("lost_cleared", 2, None), ("lost_finished", 3, "dc1.click.1"),
+        ("in_flight", 4, "dc2.click.7"), ("unjoinable", 5, "dc1.click.1"),
+    ], REGISTERED)
+    joined = spark.createDataFrame([("joined",)], IDS)
+    unjoinable = spark.createDataFrame([("unjoinable",)], IDS)
+    lost = unresolved_ids(registered, joined, unjoinable, ["dc2.click.7"])
+    assert sorted(r["click_id"] for r in lost.collect()) == ["lost_cleared", "lost_finished"]
+    # dc1.click.1 wrote the unjoinable row but kept its token: that token is to be cleared.
+    assert [r["token"] for r in confirmed_tokens(registered, joined, unjoinable, ["dc2.click.7"]).collect()] == ["dc1.click.1"]
+
+
+def test_untracked_and_reinjected_clicks_go_to_the_datacenter_that_registered_them(spark):
+    ledger = ledger_rows(spark, [("dc1", "a", "dc1.click.1"), ("dc2", "a", "dc2.click.1"),
+                                 ("dc1", "b", "dc1.click.2"), ("dc2", "c", "dc2.click.3"),
+                                 ("dc1", "d", "dc1.click.4")])
+    registered = spark.createDataFrame([("a", 200, "dc2.click.1")], REGISTERED)
+    nothing = spark.createDataFrame([], IDS)
+    pending = spark.createDataFrame([("b",)], IDS)
+    # c: read by a finished work unit, registered nowhere, not pending: untracked. d: its work unit
+    # is still in flight.
+    untracked = untracked_clicks(ledger, registered, nothing, pending, ["dc1.click.4"])
+    assert [(r["click_id"], r["token"]) for r in untracked.collect()] == [("c", "dc2.click.3")]
+
+    lost = registered.select("click_id", "token").unionByName(untracked)
+    rows = {r["click_id"]: r for r in reinjected_clicks(lost, ledger, "recovery.r1").collect()}
+    assert set(rows) == {"a", "c"}
+    assert rows["a"]["dc"] == "dc2"  # the datacenter whose work unit registered it
+    assert rows["a"]["query_writer"] == "10.1.0.1:7" and rows["a"]["query_ts"] == 100
+    assert rows["a"]["attempts"] == 0 and rows["a"]["last_attempt_at"] is None
+
+
+def test_reinjection_is_idempotent(spark, tmp_path):
+    path = str(tmp_path / "pending_clicks")
+    ledger = ledger_rows(spark, [("dc1", "a", "dc1.click.1")])
+    lost = spark.createDataFrame([("a", "dc1.click.1")], "click_id string, token string")
+    rows = reinjected_clicks(lost, ledger, "recovery.r1")
+    add_pending(spark, path, rows)
+    add_pending(spark, path, rows)
+    assert read_table(spark, "pending_clicks", path).count() == 1
+
+
+def test_storage_loss_is_found_and_the_table_rewritten_from_what_remains(spark, tmp_path):
+    path = str(tmp_path / "warehouse" / "click_ledger")
+    for unit in ("dc1.click.1", "dc1.click.2"):
+        append_once(ledger_rows(spark, [("dc1", f"{unit}-x", unit)]), "click_ledger", path, unit)
+    assert missing_data_files(spark, path) == []
+    victim = sorted((tmp_path / "warehouse" / "click_ledger").rglob("*.parquet"))[0]
+    victim.unlink()
+    assert len(missing_data_files(spark, path)) == 1
+    assert repair_table(spark, "click_ledger", path) == 1
+    assert missing_data_files(spark, path) == []
+    assert read_table(spark, "click_ledger", path).count() == 1
+    assert repair_table(spark, "click_ledger", path) == 0
+
+
+def test_table_lock_excludes_other_processes_and_is_reentrant(tmp_path):
+    path = str(tmp_path / "warehouse" / TABLES[0])
+    probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a')\n"
+             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('free')\n"
+             "except BlockingIOError:\n    print('held')\n")
+    lock_file = tmp_path / "warehouse" / ".locks" / f"{TABLES[0]}.lock"
+
+    def other_process_sees() -> str:
+        return subprocess.run([sys.executable, "-c", probe, str(lock_file)], capture_output=True, text=True).stdout.strip()
+
+    with table_lock(path):
+        with table_lock(path):
+            assert other_process_sees() == "held"
+        assert other_process_sees() == "held"
+    assert other_process_sees() == "free"
