@@ -1,0 +1,388 @@
+"""Peer systems for the benchmark: what a data engineer would run instead of Photon.
+
+Both join the click log with the query log of one datacenter replica (DESIGN.md: input logs) and
+compare the joined click ids with the generator's ground truth (`gen_summary.json`).
+
+1. ``duckdb``: the single-node floor. One batch: ``read_json`` of every click and query file,
+   valid clicks deduplicated by ``click_id``, inner join on ``query_id``, ``COPY`` to Parquet.
+   It sees all the data at once, so it joins late queries too; it is the lower bound on time for
+   a join that needs no state, no exactly-once bookkeeping and no incremental progress.
+2. ``streaming``: Spark Structured Streaming, the stream-stream inner join of the Spark guide:
+   JSON file sources with an explicit schema, event-time watermarks on both sides, a join on
+   ``query_id`` with an event-time range condition, clicks deduplicated within the watermark, a
+   Delta sink with a checkpoint, ``Trigger.AvailableNow`` to process the backlog and stop. It is
+   then run a second time over the same logs with a fresh checkpoint into the same table (what a
+   second datacenter's pipeline, or a restart from a lost checkpoint, does) to count the click
+   ids that end up twice in the output.
+
+How bad input behaves (measured on generated logs, DuckDB 2.0, Spark 4.0):
+
+* DuckDB ``ignore_errors`` does not skip a bad line: a line that is not JSON, not an object, or
+  the torn last line becomes a row of NULLs, and a mistyped field becomes NULL; the ``NOT NULL``
+  filter on the required fields removes them. DuckDB casts leniently: ``1.5`` for a BIGINT is
+  rounded to 2 and a number for a VARCHAR becomes a string, and ``maximum_object_size`` does not
+  bound a newline-delimited line, so the over-long line is read as a valid event.
+* Spark's JSON reader in DROPMALFORMED mode drops lines it cannot parse or convert to the schema
+  (not JSON, not an object, the torn last line, ``"abc"`` or ``1.5`` for a long); a missing field
+  is NULL and is filtered; a number for a string becomes a string, as in DuckDB. It has no line
+  length limit either. The streaming file source reads a file once: the torn line is dropped as
+  malformed, and neither the click it becomes once its writer completes the line nor any line
+  appended later is ever read, even by a later run on the same checkpoint (the source expects
+  files to be placed atomically; append-only growing logs are not its model).
+
+Measurement notes: counting the output and collecting its click ids to the driver for the
+comparison with the ground truth is done after the timed part, and is fine at benchmark scale
+(20k-200k clicks). Peak memory of DuckDB is the peak RSS of this process (run each peer in its own
+process, as the command line does, for a clean number); the JVM's is its peak RSS since it started.
+The streaming ``wall_seconds`` is the first run, from start to the end of availableNow, without the
+session's start (``session_start_seconds``, when this module starts it) but with the warm-up of the
+JVM's first streaming query; ``replay.wall_seconds`` is the same work again in a warm JVM.
+
+    python benchmarks/peers.py duckdb --data-dir DIR [--out-dir DIR] [--datacenter dc1]
+    python benchmarks/peers.py streaming --data-dir DIR [--out-dir DIR] [--watermark "10 minutes"]
+        [--join-window "10 minutes"] [--max-files-per-trigger N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from photon.gen import SUMMARY_FILE
+
+MB = 1_000_000
+
+# DuckDB and Spark are imported where they are used, so that the DuckDB peer's peak RSS does not
+# include pyspark's (and Dagster's, through resources.spark) modules.
+
+
+# -- shared ------------------------------------------------------------------
+
+def stream_dir(data_dir: Path, datacenter: str, stream: str) -> Path:
+    return data_dir / "logs" / datacenter / stream
+
+
+def input_bytes(data_dir: Path, datacenter: str) -> int:
+    streams = ("query", "click")
+    return sum(p.stat().st_size for s in streams for p in stream_dir(data_dir, datacenter, s).rglob("*.jsonl"))
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def ground_truth(data_dir: Path) -> dict:
+    return json.loads((data_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+
+
+def compare_with_truth(joined_ids: set[str], truth: dict) -> dict:
+    """Joined click ids against the clicks whose query is on disk: equal, missing, extra, and how
+    many of the missing ones belong to a late query (a delayed log shipment)."""
+    expected = set(truth["joinable_click_ids"])
+    missing = expected - joined_ids
+    return {
+        "expected_clicks": len(expected),
+        "joined_equals_truth": joined_ids == expected,
+        "missing_clicks": len(missing),
+        "missing_late_clicks": len(missing & set(truth["late_click_ids"])),
+        "extra_clicks": len(joined_ids - expected),
+    }
+
+
+def process_peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+# -- DuckDB: single-node batch floor ------------------------------------------
+
+CLICK_COLUMNS = {"click_id": "VARCHAR", "query_id": "VARCHAR", "timestamp_us": "BIGINT", "ad_id": "VARCHAR",
+                 "advertiser_id": "VARCHAR", "cost_micros": "BIGINT"}
+QUERY_COLUMNS = {"query_id": "VARCHAR", "timestamp_us": "BIGINT", "query_text": "VARCHAR",
+                 "ads": "STRUCT(ad_id VARCHAR, advertiser_id VARCHAR, position BIGINT, bid_micros BIGINT)[]"}
+
+
+def read_json_sql(files_glob: str, columns: dict[str, str]) -> str:
+    """A read_json of the required fields that keeps only rows with all of them: with
+    ignore_errors a bad line is a row of NULLs, not a skipped line."""
+    spec = ", ".join(f"{name}: '{kind}'" for name, kind in columns.items())
+    valid = " AND ".join(f"{name} IS NOT NULL" for name in columns)
+    return (f"SELECT * FROM read_json('{files_glob}', format = 'newline_delimited', columns = {{{spec}}}, "
+            f"ignore_errors = true) WHERE {valid}")
+
+
+def run_duckdb(data_dir: Path, out_dir: Path, datacenter: str = "dc1") -> dict:
+    """The join as one DuckDB batch, written to out_dir/duckdb/joined_clicks.parquet."""
+    import duckdb
+
+    data_dir, out = Path(data_dir), Path(out_dir) / "duckdb"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    target = out / "joined_clicks.parquet"
+    clicks = read_json_sql(f"{stream_dir(data_dir, datacenter, 'click')}/**/*.jsonl", CLICK_COLUMNS)
+    queries = read_json_sql(f"{stream_dir(data_dir, datacenter, 'query')}/**/*.jsonl", QUERY_COLUMNS)
+
+    started = time.monotonic()
+    con = duckdb.connect()
+    # A duplicate line repeats its click verbatim: any line of a click_id will do.
+    con.execute(f"CREATE TEMP TABLE clicks AS {clicks} QUALIFY row_number() OVER (PARTITION BY click_id) = 1")
+    con.execute(f"CREATE TEMP TABLE queries AS {queries}")
+    joined = con.execute(f"""
+        COPY (
+            SELECT c.*, struct_pack(query_id := q.query_id, timestamp_us := q.timestamp_us,
+                                    query_text := q.query_text, ads := q.ads) AS query
+            FROM clicks c JOIN queries q ON c.query_id = q.query_id
+        ) TO '{target}' (FORMAT parquet)""").fetchone()[0]
+    wall = time.monotonic() - started
+
+    distinct_clicks = con.execute("SELECT count(*) FROM clicks").fetchone()[0]
+    valid_queries = con.execute("SELECT count(*) FROM queries").fetchone()[0]
+    joined_ids = {row[0] for row in con.execute(f"SELECT click_id FROM '{target}'").fetchall()}
+    con.close()
+    size = input_bytes(data_dir, datacenter)
+    return {
+        "peer": "duckdb",
+        "duckdb_version": duckdb.__version__,
+        "wall_seconds": round(wall, 3),
+        "joined_rows": joined,
+        "joined_distinct_clicks": len(joined_ids),
+        "distinct_clicks": distinct_clicks,
+        "valid_queries": valid_queries,
+        "input_bytes": size,
+        "input_mb_per_second": round(size / MB / wall, 2),
+        "joined_clicks_per_second": round(joined / wall, 1),
+        "output_bytes": target.stat().st_size,
+        "peak_rss_bytes": process_peak_rss_bytes(),
+        "correctness": compare_with_truth(joined_ids, ground_truth(data_dir)),
+    }
+
+
+# -- Spark Structured Streaming: stream-stream join ---------------------------
+
+STATE_STORE_CONF = {
+    # RocksDB keeps join and dedup state off the JVM heap; changelog checkpointing uploads only
+    # the changes of a batch (both recommended by the Spark and Databricks guides).
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # One state store instance per shuffle partition and stateful operator: 2 for 2 cores.
+    "spark.sql.shuffle.partitions": "2",
+}
+
+
+@contextmanager
+def session_conf(spark, settings: dict[str, str]):
+    """Set runtime SQL settings for a block and restore them after: the session may be shared."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+# The required fields as Spark DDL: with an explicit schema the reader infers nothing, and other
+# fields are not read.
+CLICK_SCHEMA = ("click_id STRING, query_id STRING, timestamp_us BIGINT, ad_id STRING, advertiser_id STRING, "
+                "cost_micros BIGINT")
+QUERY_SCHEMA = ("query_id STRING, timestamp_us BIGINT, query_text STRING, "
+                "ads ARRAY<STRUCT<ad_id: STRING, advertiser_id: STRING, position: BIGINT, bid_micros: BIGINT>>")
+
+
+def json_stream(spark, path: Path, schema: str, max_files_per_trigger: int | None):
+    """A file source over every .jsonl under path (files are nested by writer), bad lines dropped
+    by the parser and rows missing a required field (the schema holds only those) filtered."""
+    reader = (spark.readStream.format("json").schema(schema).option("mode", "DROPMALFORMED")
+              .option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl"))
+    if max_files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+    return reader.load(str(path)).dropna(how="any")
+
+
+def joined_click_stream(spark, data_dir: Path, datacenter: str, watermark: str, join_window: str,
+                        max_files_per_trigger: int | None):
+    """Clicks with their query: watermarks on both event times, clicks deduplicated within the
+    watermark, inner join on query_id with click time in [query time, query time + join_window]."""
+    from pyspark.sql import functions as F
+
+    clicks = (json_stream(spark, stream_dir(data_dir, datacenter, "click"), CLICK_SCHEMA, max_files_per_trigger)
+              .withColumn("click_time", F.timestamp_micros("timestamp_us"))
+              .withWatermark("click_time", watermark)
+              .dropDuplicatesWithinWatermark(["click_id"]))
+    queries = (json_stream(spark, stream_dir(data_dir, datacenter, "query"), QUERY_SCHEMA, max_files_per_trigger)
+               .select(F.col("query_id").alias("q_query_id"),
+                       F.timestamp_micros("timestamp_us").alias("query_time"),
+                       F.struct("query_id", "timestamp_us", "query_text", "ads").alias("query"))
+               .withWatermark("query_time", watermark))
+    condition = F.expr(f"query_id = q_query_id AND click_time >= query_time "
+                       f"AND click_time <= query_time + interval {join_window}")
+    return (clicks.join(queries, condition, "inner")
+            .select("click_id", "query_id", "timestamp_us", "ad_id", "advertiser_id", "cost_micros", "query"))
+
+
+def run_stream_once(spark, data_dir: Path, datacenter: str, table: Path, checkpoint: Path, watermark: str,
+                    join_window: str, max_files_per_trigger: int | None) -> dict:
+    """One availableNow run of the join into the Delta table; its wall time and progress."""
+    frame = joined_click_stream(spark, data_dir, datacenter, watermark, join_window, max_files_per_trigger)
+    started = time.monotonic()
+    query = (frame.writeStream.format("delta").outputMode("append")
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start(str(table)))
+    query.awaitTermination()
+    wall = time.monotonic() - started
+    progress = query.recentProgress
+    dropped = {}
+    for batch in progress:
+        for operator in batch["stateOperators"]:
+            name = operator["operatorName"]
+            dropped[name] = dropped.get(name, 0) + operator.get("numRowsDroppedByWatermark", 0)
+    return {
+        "wall_seconds": round(wall, 3),
+        "micro_batches": len(progress),
+        "input_rows": sum(batch["numInputRows"] for batch in progress),
+        "rows_dropped_by_watermark": dropped,
+    }
+
+
+def jvm_peak_rss_bytes(spark) -> int | None:
+    """VmHWM of the JVM behind this session (the py4j gateway process), None if not readable."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    if proc is None:
+        return None
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(match[1]) * 1024 if match else None
+
+
+def torn_line_behaviour(spark, data_dir: Path, datacenter: str, truth: dict) -> dict | None:
+    """Whether Spark's JSON reader takes the torn last line of the generator's torn file for a
+    malformed record (which DROPMALFORMED drops) rather than for a row."""
+    if not truth.get("torn_file"):
+        return None
+    path = data_dir / "logs" / datacenter / truth["torn_file"]
+    partial = path.read_bytes().rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
+    rows = spark.read.schema(f"{CLICK_SCHEMA}, _corrupt_record STRING").option("mode", "PERMISSIVE").json(str(path))
+    # Spark refuses a query of raw JSON that references only the corrupt record column, unless cached.
+    rows = rows.cache()
+    malformed = rows.where(rows["_corrupt_record"] == partial).count()
+    rows.unpersist()
+    return {"file": truth["torn_file"], "partial_line_bytes": len(partial.encode()),
+            "read_as_malformed_record": malformed == 1}
+
+
+def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = "10 minutes",
+                  join_window: str = "10 minutes", max_files_per_trigger: int | None = 4, spark=None) -> dict:
+    """The stream-stream join over the backlog, then a replay with a fresh checkpoint.
+
+    Default watermark, 10 minutes, on both sides: twice the generator's cap on the query-to-click
+    delay (300 s; the mean is 20 s), far above the 30 s within which a duplicate click line
+    reappears and above the skew between the regular query writers' files read in one trigger.
+    A Spark user sizing the watermark from the click delay would choose about this. It is not
+    meant to cover the late queries: a delayed log shipment arrives after the other queries have
+    moved the watermark past it, and its queries are dropped as late (Spark judges a row against
+    the watermark of the previous micro-batch), and with them their clicks. Covering the longest
+    shipment delay (here `--watermark "1 hour"`, the whole span) joins them, at the price of
+    keeping that much state. The join window of 10 minutes covers the 300 s cap with a margin.
+
+    Default files per trigger, 4 (for each source): one file of each regular query writer per
+    micro-batch, so the backlog is replayed in the order in which its files were completed
+    (the file source goes by modification time), a few minutes of event time at a time. With no
+    limit, availableNow reads the whole backlog in one micro-batch and the watermark drops nothing.
+    """
+    from resources.spark import delta_session
+
+    session_start_seconds = None
+    if spark is None:
+        started = time.monotonic()
+        spark = delta_session()
+        session_start_seconds = round(time.monotonic() - started, 3)
+    data_dir, out = Path(data_dir), Path(out_dir) / "streaming"
+    shutil.rmtree(out, ignore_errors=True)
+    table = out / "joined_clicks"
+    truth = ground_truth(data_dir)
+    options = dict(watermark=watermark, join_window=join_window, max_files_per_trigger=max_files_per_trigger)
+    with session_conf(spark, STATE_STORE_CONF):
+        first = run_stream_once(spark, data_dir, datacenter, table, out / "checkpoint-1", **options)
+        output_bytes = tree_bytes(table)
+        result = spark.read.format("delta").load(str(table))
+        joined_rows = result.count()
+        joined_ids = {row.click_id for row in result.select("click_id").distinct().collect()}
+        replay = run_stream_once(spark, data_dir, datacenter, table, out / "checkpoint-2", **options)
+        replayed = spark.read.format("delta").load(str(table))
+        duplicates = replayed.groupBy("click_id").count().where("count > 1").count()
+        rows_after_replay = replayed.count()
+    size = input_bytes(data_dir, datacenter)
+    wall = first["wall_seconds"]
+    return {
+        "peer": "spark_structured_streaming",
+        "spark_version": spark.version,
+        "watermark": watermark,
+        "join_window": join_window,
+        "max_files_per_trigger": max_files_per_trigger,
+        "state_store": STATE_STORE_CONF["spark.sql.streaming.stateStore.providerClass"].rsplit(".", 1)[1],
+        "session_start_seconds": session_start_seconds,
+        "wall_seconds": wall,
+        "micro_batches": first["micro_batches"],
+        "input_rows": first["input_rows"],
+        "rows_dropped_by_watermark": first["rows_dropped_by_watermark"],
+        "joined_rows": joined_rows,
+        "joined_distinct_clicks": len(joined_ids),
+        "duplicates_in_one_run": joined_rows - len(joined_ids),
+        "input_bytes": size,
+        "input_mb_per_second": round(size / MB / wall, 2),
+        "joined_clicks_per_second": round(joined_rows / wall, 1),
+        "output_bytes": output_bytes,
+        "jvm_peak_rss_bytes": jvm_peak_rss_bytes(spark),
+        "correctness": compare_with_truth(joined_ids, truth),
+        "replay": {"wall_seconds": replay["wall_seconds"], "rows_after_replay": rows_after_replay},
+        "duplicates_on_replay": duplicates,
+        "torn_line": torn_line_behaviour(spark, data_dir, datacenter, truth),
+    }
+
+
+# -- command line --------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    peers = parser.add_subparsers(dest="peer", required=True)
+    for name in ("duckdb", "streaming"):
+        sub = peers.add_parser(name)
+        sub.add_argument("--data-dir", required=True, type=Path, help="a `photon gen` data directory")
+        sub.add_argument("--out-dir", type=Path, help="where outputs go (default: a temporary directory, removed)")
+        sub.add_argument("--datacenter", default="dc1", help="the log replica to read")
+    streaming = peers.choices["streaming"]
+    streaming.add_argument("--watermark", default="10 minutes", help="event-time delay of both watermarks")
+    streaming.add_argument("--join-window", default="10 minutes", help="click time <= query time + this")
+    streaming.add_argument("--max-files-per-trigger", type=int, default=4,
+                           help="files per source and micro-batch; 0: no limit (the backlog in one micro-batch)")
+    args = parser.parse_args()
+
+    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="photon-peers-"))
+    try:
+        if args.peer == "duckdb":
+            result = run_duckdb(args.data_dir, out_dir, args.datacenter)
+        else:
+            result = run_streaming(args.data_dir, out_dir, args.datacenter, args.watermark, args.join_window,
+                                   args.max_files_per_trigger or None)
+    finally:
+        if args.out_dir is None:
+            shutil.rmtree(out_dir, ignore_errors=True)
+    print(json.dumps(result, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
