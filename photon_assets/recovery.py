@@ -68,7 +68,7 @@ def recover_clicks(
         lost = unresolved_ids(registered, joined, unjoinable, in_flight).persist()
         ledger = read_table(session, "click_ledger", tables["click_ledger"])
         pending = read_table(session, "pending_clicks", tables["pending_clicks"])
-        untracked = untracked_clicks(ledger, registered, unjoinable, pending, in_flight).persist()
+        untracked = untracked_clicks(ledger, registered, joined, unjoinable, pending, in_flight).persist()
         to_reinject = lost.select("click_id", "token").unionByName(untracked)
         reinjected = reinjected_clicks(to_reinject, ledger, f"{RECOVERY_UNIT_PREFIX}.{context.run_id}").persist()
         tokens = [row["token"] for row in confirmed_tokens(registered, joined, unjoinable, in_flight).collect()]

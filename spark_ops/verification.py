@@ -58,15 +58,18 @@ def unresolved_ids(registered: DataFrame, joined: DataFrame, unjoinable: DataFra
 
 
 def untracked_clicks(
-    ledger: DataFrame, registered: DataFrame, unjoinable: DataFrame, pending: DataFrame, in_flight: list[str]
+    ledger: DataFrame, registered: DataFrame, joined: DataFrame, unjoinable: DataFrame, pending: DataFrame,
+    in_flight: list[str],
 ) -> DataFrame:
     """Clicks (click_id, token = a work unit that read it) that a finished work unit read but that
-    are neither registered, unjoinable nor pending: a click work unit that failed for good before
-    it recorded its pending clicks. Recovery re-injects them like lost ids."""
+    are neither registered, joined, unjoinable nor pending: a click work unit that failed for good
+    before it recorded its pending clicks. Recovery re-injects them like lost ids. (Joined clicks
+    count even if the registry no longer holds them: its garbage collection forgets old ids.)"""
     settled = ledger.where(~F.col("work_unit").isin(in_flight))
     return (
         settled.groupBy("click_id").agg(F.min("work_unit").alias("token"))
         .join(registered.select("click_id"), "click_id", "left_anti")
+        .join(joined.select("click_id"), "click_id", "left_anti")
         .join(unjoinable.select("click_id"), "click_id", "left_anti")
         .join(pending.select("click_id"), "click_id", "left_anti")
     )

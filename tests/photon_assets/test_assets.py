@@ -6,6 +6,7 @@ import pytest
 from photon_assets.checks import ALL_CHECKS
 from photon_assets.clicks import click_aggregates, join_clicks
 from photon_assets.queries import ingest_query_logs
+from photon_assets.recovery import recover_lost_clicks_job
 from photon_assets.work_unit import PENDING
 from resources.registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
@@ -96,7 +97,16 @@ def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
         checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))
         evaluations = {e.check_name: e for e in checked.get_asset_check_evaluations()}
         assert not evaluations["registry_matches_output"].passed
-        assert evaluations["registry_matches_output"].metadata["missing_for_good"].value == 1
+        assert evaluations["registry_matches_output"].metadata["lost_ids"].value == 1
+        assert evaluations["registry_matches_output"].metadata["lost_click_ids_sample"].value == ["10.3.0.1:1:1"]
         assert not evaluations["clicks_accounted_for"].passed
         assert evaluations["clicks_accounted_for"].metadata["registered_without_output"].value == 1
         assert evaluations["joined_clicks_unique"].passed
+
+        # The recovery job re-injects the click as pending (from the ledger) and unregisters it.
+        recovered = recover_lost_clicks_job.execute_in_process(resources=resources(data_dir), instance=instance)
+        outcome = recovered.output_for_node("recover_clicks")
+        assert (outcome["lost_ids"], outcome["reinjected"], outcome["unregistered"]) == (1, 1, 1)
+        assert registry.lookup(pa.table({"click_id": ["10.3.0.1:1:1"], "timestamp_us": [10]})).num_rows == 0
+        checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))
+        assert all(e.passed for e in checked.get_asset_check_evaluations())

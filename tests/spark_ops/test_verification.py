@@ -47,13 +47,14 @@ def test_lost_ids_are_those_without_output_and_without_a_work_unit_in_flight(spa
 def test_untracked_and_reinjected_clicks_go_to_the_datacenter_that_registered_them(spark):
     ledger = ledger_rows(spark, [("dc1", "a", "dc1.click.1"), ("dc2", "a", "dc2.click.1"),
                                  ("dc1", "b", "dc1.click.2"), ("dc2", "c", "dc2.click.3"),
-                                 ("dc1", "d", "dc1.click.4")])
+                                 ("dc1", "d", "dc1.click.4"), ("dc1", "e", "dc1.click.5")])
     registered = spark.createDataFrame([("a", 200, "dc2.click.1")], REGISTERED)
     nothing = spark.createDataFrame([], IDS)
     pending = spark.createDataFrame([("b",)], IDS)
     # c: read by a finished work unit, registered nowhere, not pending: untracked. d: its work unit
-    # is still in flight.
-    untracked = untracked_clicks(ledger, registered, nothing, pending, ["dc1.click.4"])
+    # is still in flight. e: joined, and forgotten since by the registry's garbage collection.
+    joined = spark.createDataFrame([("e",)], IDS)
+    untracked = untracked_clicks(ledger, registered, joined, nothing, pending, ["dc1.click.4"])
     assert [(r["click_id"], r["token"]) for r in untracked.collect()] == [("c", "dc2.click.3")]
 
     lost = registered.select("click_id", "token").unionByName(untracked)
