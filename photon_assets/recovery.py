@@ -75,13 +75,14 @@ def recover_clicks(
         counts = {"lost_ids": lost.count(), "untracked": untracked.count(), "reinjected": reinjected.count(),
                   "unregistered": 0}
         counts["without_source"] = counts["lost_ids"] + counts["untracked"] - counts["reinjected"]
+        # Before the write: it changes pending_clicks, which `untracked` was computed from.
+        dcs = sorted(row["dc"] for row in reinjected.select("dc").distinct().collect())
         if counts["reinjected"]:
             add_pending(session, tables["pending_clicks"], reinjected)
             counts["unregistered"] = ids.delete(
                 stage(reinjected.select("click_id", "timestamp_us"), staged / "unregister")
             )
         cleared = sum(ids.clear_tokens(token) for token in tokens)
-        dcs = sorted(row["dc"] for row in reinjected.select("dc").distinct().collect())
         recovered_units = [record.dagster_run.tags[TAG_WORK_UNIT] for record in failed
                            if clicks_accounted(session, tables, record)]
         for record in failed:
