@@ -36,6 +36,7 @@ from photon.summary import summarize
 from resources.registry import ADDRESS_ENV
 from resources.settings import pipeline_settings
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
+from photon_assets.jobs import VERIFY_JOB
 from photon_assets.work_unit import PENDING, TAG_DC
 from sensors.retries import UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
 from spark_ops.tables import tables_locked
@@ -301,14 +302,9 @@ def storage_lost(layout: DataLayout) -> bool:
 
 def recover(instance: dg.DagsterInstance, log: logging.Logger) -> dict:
     """Runs the recovery job as a recorded run of the instance; returns what it did."""
-    from definitions import defs
     from photon_assets.recovery import RECOVER_JOB
 
-    result = defs.resolve_job_def(RECOVER_JOB).execute_in_process(
-        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
-        instance=instance,
-        raise_on_error=False,
-    )
+    result = execute_job(instance, RECOVER_JOB)
     if not result.success:
         raise RunnerError(f"the recovery job failed (run {result.run_id}); see its logs in the Dagster UI")
     outcome = result.output_for_node("recover_clicks")
@@ -340,20 +336,26 @@ def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: Dat
     return waiting
 
 
+def execute_job(instance: dg.DagsterInstance, job_name: str, tags: dict | None = None):
+    """Runs a job of the code location in this process, as a recorded run of the instance."""
+    from definitions import defs  # only now: it reads the data directory from the environment
+
+    return defs.resolve_job_def(job_name).execute_in_process(
+        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
+        instance=instance,
+        raise_on_error=False,
+        tags=tags,
+    )
+
+
 def verify(instance: dg.DagsterInstance, layout: DataLayout) -> dict[str, bool]:
     """Runs the `verify` job (the aggregate refreshed, then every asset check) as a recorded run of
     the instance, with every table locked: a pipeline of another datacenter in another process
     waits at its next commit, so that the checks see one consistent state."""
-    from definitions import defs  # only now: it reads the data directory from the environment
     from photon_assets.checks import ALL_CHECKS
 
     with tables_locked([layout.table(name) for name in TABLES]):
-        result = defs.resolve_job_def("verify").execute_in_process(
-            run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
-            instance=instance,
-            raise_on_error=False,
-            tags={"photon/kind": "verify"},
-        )
+        result = execute_job(instance, VERIFY_JOB, tags={"photon/kind": "verify"})
     passed = {evaluation.check_name: evaluation.passed for evaluation in result.get_asset_check_evaluations()}
     # A check that raised (e.g. a table it reads lost a data file) has no evaluation: it failed.
     return {check.check_key.name: passed.get(check.check_key.name, False) for check in ALL_CHECKS}

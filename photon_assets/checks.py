@@ -7,6 +7,8 @@ legitimately not be there yet.
 
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dagster as dg
 from pyspark.sql import DataFrame
@@ -27,12 +29,18 @@ def _ids(df: DataFrame) -> DataFrame:
     return df.select("click_id").distinct()
 
 
-def registry_frame(spark, registry: IdRegistryResource, warehouse: WarehouseResource, run_id: str) -> DataFrame:
+@contextmanager
+def registry_frame(spark, registry: IdRegistryResource, warehouse: WarehouseResource, run_id: str) -> Iterator[DataFrame]:
     """Every registered id, staged under the run's own directory (pipelines of other datacenters
-    may verify at the same time)."""
+    may verify at the same time), removed on exit."""
     path = warehouse.layout.staging / f"verification-{run_id}"
     shutil.rmtree(path, ignore_errors=True)
-    return unstage(spark, registry.get().scan(), path).persist()
+    registered = unstage(spark, registry.get().scan(), path).persist()
+    try:
+        yield registered
+    finally:
+        registered.unpersist()
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @dg.asset_check(asset="joined_clicks", description="No click_id appears twice in joined_clicks.")
@@ -63,38 +71,32 @@ def clicks_accounted_for(
     seen = _ids(read_table(session, "click_ledger", tables["click_ledger"])).persist()
     joined = _ids(read_table(session, "joined_clicks", tables["joined_clicks"]))
     unjoinable = _ids(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]))
-    registered = registry_frame(session, registry, warehouse, context.run.run_id)
-    in_flight = work_units_in_flight(context.instance)
-    resolved = joined.unionByName(unjoinable).distinct()
-    # Not registered and not unjoinable (too old for the registry): pending, and then a pending
-    # retry must know of it, unless the work unit that read it is still in flight.
-    pending = seen.join(registered, "click_id", "left_anti").join(unjoinable, "click_id", "left_anti")
-    tracked = _ids(read_table(session, "pending_clicks", tables["pending_clicks"]))
-    ledger_in_flight = _ids(
-        read_table(session, "click_ledger", tables["click_ledger"]).where(F.col("work_unit").isin(list(in_flight)))
-    )
-    try:
-        lost_rows = (
-            seen.join(registered, "click_id")
-            .join(resolved, "click_id", "left_anti")
-            .where(F.col("token").isNull() | ~F.col("token").isin(list(in_flight)))
+    with registry_frame(session, registry, warehouse, context.run.run_id) as registered:
+        in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see unresolved_ids
+        resolved = joined.unionByName(unjoinable).distinct()
+        # Not registered and not unjoinable (too old for the registry): pending, and then a pending
+        # retry must know of it, unless the work unit that read it is still in flight.
+        pending = seen.join(registered, "click_id", "left_anti").join(unjoinable, "click_id", "left_anti")
+        tracked = _ids(read_table(session, "pending_clicks", tables["pending_clicks"]))
+        ledger_in_flight = _ids(
+            read_table(session, "click_ledger", tables["click_ledger"]).where(F.col("work_unit").isin(in_flight))
         )
-        counts = {
-            "distinct_clicks": seen.count(),
-            "joined": joined.count(),
-            "unjoinable": unjoinable.count(),
-            "pending": pending.count(),
-            "pending_untracked": pending.join(tracked, "click_id", "left_anti")
-            .join(ledger_in_flight, "click_id", "left_anti").count(),
-            "joined_and_unjoinable": joined.join(unjoinable, "click_id").count(),
-            "output_never_seen": resolved.join(seen, "click_id", "left_anti").count(),
-            "registered_without_output": lost_rows.count(),
-            "work_units_in_flight": len(in_flight),
-        }
-    finally:
-        seen.unpersist()
-        registered.unpersist()
-        shutil.rmtree(warehouse.layout.staging / f"verification-{context.run.run_id}", ignore_errors=True)
+        try:
+            counts = {
+                "distinct_clicks": seen.count(),
+                "joined": joined.count(),
+                "unjoinable": unjoinable.count(),
+                "pending": pending.count(),
+                "pending_untracked": pending.join(tracked, "click_id", "left_anti")
+                .join(ledger_in_flight, "click_id", "left_anti").count(),
+                "joined_and_unjoinable": joined.join(unjoinable, "click_id").count(),
+                "output_never_seen": resolved.join(seen, "click_id", "left_anti").count(),
+                "registered_without_output": unresolved_ids(registered, joined, unjoinable, in_flight)
+                .join(seen, "click_id", "left_semi").count(),
+                "work_units_in_flight": len(in_flight),
+            }
+        finally:
+            seen.unpersist()
     passed = all(counts[k] == 0 for k in ("joined_and_unjoinable", "output_never_seen", "registered_without_output", "pending_untracked"))
     return dg.AssetCheckResult(passed=passed, metadata=counts)
 
@@ -114,25 +116,23 @@ def registry_matches_output(
 ) -> dg.AssetCheckResult:
     session = spark.session()
     tables = warehouse.tables()
-    registered = registry_frame(session, registry, warehouse, context.run.run_id)
-    in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see unresolved_ids
-    joined = read_table(session, "joined_clicks", tables["joined_clicks"])
-    unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
-    lost = unresolved_ids(registered, joined, unjoinable, in_flight).persist()
-    try:
-        counts = {
-            "registered_ids": registered.count(),
-            "ids_with_token": registered.where(F.col("token").isNotNull()).count(),
-            "lost_ids": lost.count(),
-            "lost_ids_with_token": lost.where(F.col("token").isNotNull()).count(),
-            "tokens_to_clear": confirmed_tokens(registered, joined, unjoinable, in_flight).count(),
-            "work_units_in_flight": len(in_flight),
-        }
-        sample = [row["click_id"] for row in lost.select("click_id").orderBy("click_id").limit(LOST_SAMPLE).collect()]
-    finally:
-        lost.unpersist()
-        shutil.rmtree(warehouse.layout.staging / f"verification-{context.run.run_id}", ignore_errors=True)
-        registered.unpersist()
+    with registry_frame(session, registry, warehouse, context.run.run_id) as registered:
+        in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see unresolved_ids
+        joined = read_table(session, "joined_clicks", tables["joined_clicks"])
+        unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
+        lost = unresolved_ids(registered, joined, unjoinable, in_flight).persist()
+        try:
+            counts = {
+                "registered_ids": registered.count(),
+                "ids_with_token": registered.where(F.col("token").isNotNull()).count(),
+                "lost_ids": lost.count(),
+                "lost_ids_with_token": lost.where(F.col("token").isNotNull()).count(),
+                "tokens_to_clear": confirmed_tokens(registered, joined, unjoinable, in_flight).count(),
+                "work_units_in_flight": len(in_flight),
+            }
+            sample = [row["click_id"] for row in lost.select("click_id").orderBy("click_id").limit(LOST_SAMPLE).collect()]
+        finally:
+            lost.unpersist()
     return dg.AssetCheckResult(
         passed=counts["lost_ids"] == 0,
         metadata={**counts, "lost_click_ids_sample": dg.JsonMetadataValue(sample)},

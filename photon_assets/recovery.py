@@ -57,44 +57,47 @@ def recover_clicks(
     tables = warehouse.tables()
     layout = warehouse.layout
     missing_files = {name: repair_table(session, name, tables[name]) for name in REPAIRABLE_TABLES}
-    registered = registry_frame(session, registry, warehouse, context.run_id)
     staged = layout.staging / f"recovery-{context.run_id}"
     ids = registry.get()
-    try:
-        in_flight = sorted(work_units_in_flight(context.instance))  # after the scan
-        joined = read_table(session, "joined_clicks", tables["joined_clicks"])
-        unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
-        failed = runs_failed_for_good(context.instance)
-        lost = unresolved_ids(registered, joined, unjoinable, in_flight).persist()
-        ledger = read_table(session, "click_ledger", tables["click_ledger"])
-        pending = read_table(session, "pending_clicks", tables["pending_clicks"])
-        untracked = untracked_clicks(ledger, registered, joined, unjoinable, pending, in_flight).persist()
-        to_reinject = lost.select("click_id", "token").unionByName(untracked)
-        reinjected = reinjected_clicks(to_reinject, ledger, f"{RECOVERY_UNIT_PREFIX}.{context.run_id}").persist()
-        tokens = [row["token"] for row in confirmed_tokens(registered, joined, unjoinable, in_flight).collect()]
-        counts = {"lost_ids": lost.count(), "untracked": untracked.count(), "reinjected": reinjected.count(),
-                  "unregistered": 0}
-        counts["without_source"] = counts["lost_ids"] + counts["untracked"] - counts["reinjected"]
-        # Before the write: it changes pending_clicks, which `untracked` was computed from.
-        dcs = sorted(row["dc"] for row in reinjected.select("dc").distinct().collect())
-        if counts["reinjected"]:
-            add_pending(session, tables["pending_clicks"], reinjected)
-            counts["unregistered"] = ids.delete(
-                stage(reinjected.select("click_id", "timestamp_us"), staged / "unregister")
-            )
-        cleared = sum(ids.clear_tokens(token) for token in tokens)
-        recovered_units = [record.dagster_run.tags[TAG_WORK_UNIT] for record in failed
-                           if clicks_accounted(session, tables, record)]
-        for record in failed:
-            if record.dagster_run.tags[TAG_WORK_UNIT] in recovered_units:
-                mark_recovered(context.instance, record, context.run_id)
-    finally:
-        registered.unpersist()
-        shutil.rmtree(staged, ignore_errors=True)
-        shutil.rmtree(layout.staging / f"verification-{context.run_id}", ignore_errors=True)
-    lost.unpersist()
-    untracked.unpersist()
-    reinjected.unpersist()
+    held = []
+
+    def keep(df):
+        held.append(df.persist())
+        return df
+
+    with registry_frame(session, registry, warehouse, context.run_id) as registered:
+        try:
+            in_flight = sorted(work_units_in_flight(context.instance))  # after the scan
+            joined = read_table(session, "joined_clicks", tables["joined_clicks"])
+            unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
+            failed = runs_failed_for_good(context.instance)
+            lost = keep(unresolved_ids(registered, joined, unjoinable, in_flight))
+            ledger = read_table(session, "click_ledger", tables["click_ledger"])
+            pending = read_table(session, "pending_clicks", tables["pending_clicks"])
+            untracked = keep(untracked_clicks(ledger, registered, joined, unjoinable, pending, in_flight))
+            to_reinject = lost.select("click_id", "token").unionByName(untracked)
+            reinjected = keep(reinjected_clicks(to_reinject, ledger, f"{RECOVERY_UNIT_PREFIX}.{context.run_id}"))
+            tokens = [row["token"] for row in confirmed_tokens(registered, joined, unjoinable, in_flight).collect()]
+            counts = {"lost_ids": lost.count(), "untracked": untracked.count(), "reinjected": reinjected.count(),
+                      "unregistered": 0}
+            counts["without_source"] = counts["lost_ids"] + counts["untracked"] - counts["reinjected"]
+            # Before the write: it changes pending_clicks, which `untracked` was computed from.
+            dcs = sorted(row["dc"] for row in reinjected.select("dc").distinct().collect())
+            if counts["reinjected"]:
+                add_pending(session, tables["pending_clicks"], reinjected)
+                counts["unregistered"] = ids.delete(
+                    stage(reinjected.select("click_id", "timestamp_us"), staged / "unregister")
+                )
+            cleared = sum(ids.clear_tokens(token) for token in tokens)
+            recovered_units = []
+            for record in failed:
+                if clicks_accounted(session, tables, record):
+                    mark_recovered(context.instance, record, context.run_id)
+                    recovered_units.append(record.dagster_run.tags[TAG_WORK_UNIT])
+        finally:
+            for df in held:
+                df.unpersist()
+            shutil.rmtree(staged, ignore_errors=True)
     # The pending-click dispatchers of these datacenters act on their digests.
     for dc in dcs:
         policy = pending_policy(QueryProgress.load(layout.query_progress_file(dc)), settings)
