@@ -285,7 +285,8 @@ def torn_line_behaviour(spark, data_dir: Path, datacenter: str, truth: dict) -> 
 
 
 def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = "10 minutes",
-                  join_window: str = "10 minutes", max_files_per_trigger: int | None = 4, spark=None) -> dict:
+                  join_window: str = "10 minutes", max_files_per_trigger: int | None = 4, spark=None,
+                  replay: bool = True) -> dict:
     """The stream-stream join over the backlog, then a replay with a fresh checkpoint.
 
     Default watermark, 10 minutes, on both sides: twice the generator's cap on the query-to-click
@@ -321,10 +322,12 @@ def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", waterm
         result = spark.read.format("delta").load(str(table))
         joined_rows = result.count()
         joined_ids = {row.click_id for row in result.select("click_id").distinct().collect()}
-        replay = run_stream_once(spark, data_dir, datacenter, table, out / "checkpoint-2", **options)
-        replayed = spark.read.format("delta").load(str(table))
-        duplicates = replayed.groupBy("click_id").count().where("count > 1").count()
-        rows_after_replay = replayed.count()
+        replayed_run, duplicates, rows_after_replay = None, None, None
+        if replay:
+            replayed_run = run_stream_once(spark, data_dir, datacenter, table, out / "checkpoint-2", **options)
+            replayed = spark.read.format("delta").load(str(table))
+            duplicates = replayed.groupBy("click_id").count().where("count > 1").count()
+            rows_after_replay = replayed.count()
     size = input_bytes(data_dir, datacenter)
     wall = first["wall_seconds"]
     return {
@@ -348,7 +351,7 @@ def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", waterm
         "output_bytes": output_bytes,
         "jvm_peak_rss_bytes": jvm_peak_rss_bytes(spark),
         "correctness": compare_with_truth(joined_ids, truth),
-        "replay": {"wall_seconds": replay["wall_seconds"], "rows_after_replay": rows_after_replay},
+        "replay": replayed_run and {"wall_seconds": replayed_run["wall_seconds"], "rows_after_replay": rows_after_replay},
         "duplicates_on_replay": duplicates,
         "torn_line": torn_line_behaviour(spark, data_dir, datacenter, truth),
     }
@@ -369,6 +372,8 @@ def main() -> None:
     streaming.add_argument("--join-window", default="10 minutes", help="click time <= query time + this")
     streaming.add_argument("--max-files-per-trigger", type=int, default=4,
                            help="files per source and micro-batch; 0: no limit (the backlog in one micro-batch)")
+    streaming.add_argument("--no-replay", dest="replay", action="store_false",
+                           help="skip the replay with a fresh checkpoint (the duplicate experiment)")
     args = parser.parse_args()
 
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="photon-peers-"))
@@ -377,7 +382,7 @@ def main() -> None:
             result = run_duckdb(args.data_dir, out_dir, args.datacenter)
         else:
             result = run_streaming(args.data_dir, out_dir, args.datacenter, args.watermark, args.join_window,
-                                   args.max_files_per_trigger or None)
+                                   args.max_files_per_trigger or None, replay=args.replay)
     finally:
         if args.out_dir is None:
             shutil.rmtree(out_dir, ignore_errors=True)

@@ -41,6 +41,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--datacenters", help="comma-separated replicas under logs/ (default: all of them)")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object, last line")
     r.add_argument("--timeout-seconds", type=float, default=3600.0, help="give up (state kept) after this long")
+    r.add_argument("--min-seconds", type=float, default=0.0,
+                   help="keep tailing the logs at least this long before idle counts (logs still being written)")
     r.add_argument("--verbose", action="store_true", help="log every tick and run event")
 
     reg = commands.add_parser("registry", help="the IdRegistry service (shared secret: env PHOTON_REGISTRY_SECRET)")
@@ -130,7 +132,8 @@ def command_run(args) -> int:
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         summary = run_until_idle(
-            layout, datacenters, log, args.timeout_seconds, run_log_level="DEBUG" if args.verbose else "WARNING"
+            layout, datacenters, log, args.timeout_seconds, run_log_level="DEBUG" if args.verbose else "WARNING",
+            min_seconds=args.min_seconds,
         )
     except RunnerError as error:
         print(f"photon: error: {error}", file=sys.stderr)

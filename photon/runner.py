@@ -213,10 +213,12 @@ MAX_RECOVERY_ROUNDS = 2  # recovery, then pipeline and verification again; more 
 
 
 def run_until_idle(
-    layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING"
+    layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING",
+    min_seconds: float = 0.0,
 ) -> dict:
     """Ticks every dispatcher until a pass launches nothing twice in a row and no failed work unit
-    waits for a retry; then verifies the output. When verification fails, the recovery job runs
+    waits for a retry, and at least `min_seconds` have passed (logs still being written: the
+    pipeline keeps tailing them in between); then verifies the output. When verification fails, the recovery job runs
     and the pipeline goes on (the re-injected clicks are pending clicks), up to MAX_RECOVERY_ROUNDS
     times. Returns the summary."""
     started = time.monotonic()
@@ -242,7 +244,8 @@ def run_until_idle(
                 instance.start_sensor(sensor)
             try:
                 while True:
-                    drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run)
+                    drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
+                          min_seconds)
                     verification = verify(instance, layout)
                     if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
                         break
@@ -266,10 +269,12 @@ def own_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
     return sum(instance.get_runs_count(dg.RunsFilter(tags={TAG_DC: dc})) for dc in datacenters)
 
 
-def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run) -> None:
-    """Sensor passes until two in a row launch nothing and nothing of these datacenters waits."""
+def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
+          min_seconds: float = 0.0) -> None:
+    """Sensor passes until two in a row launch nothing and nothing of these datacenters waits, and
+    min_seconds have passed since the start."""
     idle = 0
-    while idle < IDLE_PASSES:
+    while idle < IDLE_PASSES or time.monotonic() - started < min_seconds:
         if time.monotonic() - started > timeout_seconds:
             raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
         pass_started = time.monotonic()

@@ -21,7 +21,7 @@ java -version 2>&1 | grep -q 'version "17' || die "Java 17 is required, found: $
 stamp=.venv/.photon-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[test]"
+  .venv/bin/python -m pip install --quiet -e ".[test,bench]"
   touch "$stamp"
 fi
 

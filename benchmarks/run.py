@@ -1,0 +1,627 @@
+"""Issue 6's benchmarks: Photon (`photon run`) side by side with the systems a user would pick instead.
+
+Every system runs in its own process on the same generated logs (`photon gen`, fixed seed), one
+after the other, nothing else running; a sampler adds up the resident memory of the process and
+all its descendants (Python, the JVM, the registry server) every 0.2 s for the peak.
+
+    python benchmarks/run.py backlog [--queries 2000000] [--seed 2026] [--systems photon,duckdb,streaming]
+    python benchmarks/run.py scaling [--base-queries 250000] [--factors 1,2,4,8] [--systems photon,duckdb]
+    python benchmarks/run.py live [--rate 1000] [--duration-s 300] [--drain-timeout-s 600]
+    python benchmarks/run.py batch-cost
+
+Each writes `benchmarks/results/<date>-<workload>.json` (`--results-dir`) and a PNG chart next to
+it, and prints a Markdown table. `--work-dir` keeps the data directories (default: a temporary directory, removed).
+
+Workloads:
+- **backlog**: every log present at start; 2% of the queries logged by the late writer, 1% of the
+  click lines duplicated (`photon gen --late-query-share 0.02 --duplicate-click-share 0.01`), ten
+  clicks per hundred queries. Wall time to done, joined clicks/s, input MB/s, peak memory, and
+  bytes written per input byte (output tables, registry, state and the Dagster instance for Photon;
+  output and checkpoint for Structured Streaming; the Parquet file for DuckDB).
+- **scaling**: the backlog at several sizes; the growth exponent of wall time between the smallest
+  and the largest (1.0 is linear). With the defaults the largest (8 x 250,000 queries) is the backlog
+  workload itself, and its point is also written as the backlog result.
+- **live**: `photon gen --follow` appends at a fixed rate with wall-clock timestamps while one
+  `photon run --until-idle --min-seconds` tails the logs. A click's latency is Photon's: the commit
+  time of the `joined_clicks` version that first contains it (from the Delta log) minus the click's
+  `timestamp_us`. The backlog (bytes on disk not yet cut into a work unit) is sampled every 5 s.
+- **batch-cost**: the fixed cost of a micro-batch when each run gets its own process and JVM
+  (what Dagster's default run launcher does) against runs inside `photon run`'s process, which
+  share one Spark session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script: the project's packages and benchmarks.peers
+RESULTS = REPO / "benchmarks" / "results"
+PYTHON = sys.executable
+MB = 1_000_000
+BACKLOG_MIN_QUERIES = 2_000_000  # the issue's backlog workload: at least 2 million queries
+SYSTEM_LABELS = {"photon": "Photon (photon run)", "duckdb": "DuckDB batch",
+                 "streaming": "Spark Structured Streaming"}
+# Photon's state besides its output tables: all of it is written per input byte.
+PHOTON_STATE_DIRS = ("warehouse", "registry", "state", "dagster")
+
+
+# -- processes and their memory ------------------------------------------------
+
+def process_tree_rss(root: int) -> int:
+    """Resident bytes of a process and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return total
+
+
+class Measured:
+    """A command run to completion with its wall time and the peak of its process tree's memory."""
+
+    def __init__(self, command: list[str], log: Path, env: dict | None = None):
+        self.command, self.log = command, log
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        self.peak_rss_bytes = 0
+
+    def start(self) -> "Measured":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._stderr = open(self.log, "w")
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(self.command, cwd=REPO, env=self.env, stdout=subprocess.PIPE,
+                                        stderr=self._stderr, text=True)
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while self.process.poll() is None:
+            self.peak_rss_bytes = max(self.peak_rss_bytes, process_tree_rss(self.process.pid))
+            time.sleep(0.2)
+
+    def wait(self) -> str:
+        stdout = self.process.communicate()[0]
+        self.wall_seconds = round(time.monotonic() - self.started, 2)
+        self._sampler.join()
+        self._stderr.close()
+        if self.process.returncode not in (0, 1):
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise SystemExit(f"{' '.join(self.command[:4])} exited {self.process.returncode}: {tail}")
+        self.returncode = self.process.returncode
+        return stdout
+
+    def run(self) -> str:
+        return self.start().wait()
+
+
+def photon_command(*args: str) -> list[str]:
+    return [PYTHON, "-m", "photon.cli", *args]
+
+
+def generate(data_dir: Path, *options: str) -> dict:
+    subprocess.run(photon_command("gen", "--data-dir", str(data_dir), *options), cwd=REPO, check=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
+    return json.loads((data_dir / "gen_summary.json").read_text())
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def log_bytes(data_dir: Path, dc: str = "dc1") -> int:
+    return tree_bytes(data_dir / "logs" / dc)
+
+
+# -- the systems ----------------------------------------------------------------
+
+def joined_click_ids(table: Path) -> tuple[set[str], int]:
+    """Distinct click ids of a Delta table read by the `deltalake` reader, and its row count."""
+    from deltalake import DeltaTable
+
+    ids = DeltaTable(str(table)).to_pyarrow_table(columns=["click_id"]).column("click_id").to_pylist()
+    return set(ids), len(ids)
+
+
+def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600, extra: tuple = ()) -> dict:
+    from benchmarks.peers import compare_with_truth, ground_truth
+
+    size = log_bytes(data_dir)
+    measured = Measured(photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
+                                       "--timeout-seconds", str(timeout_seconds), *extra), logs / "photon.log")
+    summary = json.loads(measured.run().strip().splitlines()[-1])
+    ids, rows = joined_click_ids(data_dir / "warehouse" / "joined_clicks")
+    written = {name: tree_bytes(data_dir / name) for name in PHOTON_STATE_DIRS}
+    wall = measured.wall_seconds
+    return {
+        "system": "photon",
+        "exit_code": measured.returncode,
+        "wall_seconds": wall,
+        "joined_rows": rows,
+        "joined_distinct_clicks": len(ids),
+        "duplicates_in_output": rows - len(ids),
+        "joined_clicks_per_second": round(len(ids) / wall, 1),
+        "input_bytes": size,
+        "input_mb_per_second": round(size / MB / wall, 3),
+        "peak_rss_bytes": measured.peak_rss_bytes,
+        "bytes_written": written,
+        "write_amplification": round(sum(written.values()) / size, 3),
+        "runs": summary["runs"],
+        "verification": summary["verification"],
+        "summary": {k: summary[k] for k in ("clicks_seen", "distinct_clicks", "clicks_joined", "clicks_pending",
+                                            "clicks_unjoinable", "duplicate_click_lines", "quarantined_lines")},
+        "correctness": compare_with_truth(ids, ground_truth(data_dir)),
+    }
+
+
+def run_peer(peer: str, data_dir: Path, out_dir: Path, logs: Path, *options: str) -> dict:
+    measured = Measured([PYTHON, str(REPO / "benchmarks" / "peers.py"), peer, "--data-dir", str(data_dir),
+                         "--out-dir", str(out_dir), *options], logs / f"{peer}.log")
+    result = json.loads(measured.run())
+    # The sampler can miss the peak of a sub-second process; the process's own high-water marks cannot.
+    peak = max(measured.peak_rss_bytes, result.get("peak_rss_bytes") or 0, result.get("jvm_peak_rss_bytes") or 0)
+    written = tree_bytes(out_dir / peer)
+    if peer == "streaming":
+        # The replay's checkpoint and rows are the duplicate experiment, not the join's cost.
+        written = result["output_bytes"] + tree_bytes(out_dir / peer / "checkpoint-1")
+    shutil.rmtree(out_dir / peer, ignore_errors=True)
+    return {
+        **result,
+        "system": peer,
+        # The peer's own clock (the join, without process and session start), the process's, and
+        # what a user waits for the join: for Structured Streaming the session start and the first
+        # availableNow run, not the replay experiment that follows in the same process.
+        "join_wall_seconds": result["wall_seconds"],
+        "process_wall_seconds": measured.wall_seconds,
+        "wall_to_done_seconds": (round(result["session_start_seconds"] + result["wall_seconds"], 2)
+                                 if peer == "streaming" else measured.wall_seconds),
+        "peak_rss_bytes": peak,
+        "bytes_written": written,
+        "write_amplification": round(written / result["input_bytes"], 3),
+    }
+
+
+def run_systems(systems: list[str], data_dir: Path, work: Path, streaming_options: list[str]) -> dict:
+    results = {}
+    for system in systems:
+        print(f"  {system} ...", file=sys.stderr, flush=True)
+        if system == "photon":
+            results[system] = run_photon(data_dir, work / "logs")
+        elif system == "streaming":
+            results[system] = run_peer("streaming", data_dir, work / "out", work / "logs", *streaming_options)
+        else:
+            results[system] = run_peer(system, data_dir, work / "out", work / "logs")
+    return results
+
+
+def process_wall(result: dict) -> float:
+    """Wall time to done, start-up included: what a user waits for."""
+    return result.get("wall_to_done_seconds", result["wall_seconds"])
+
+
+# -- workloads ------------------------------------------------------------------
+
+def backlog_options(queries: int, seed: int) -> list[str]:
+    return ["--queries", str(queries), "--seed", str(seed), "--late-query-share", "0.02",
+            "--duplicate-click-share", "0.01"]
+
+
+def streaming_options(files_per_trigger: int, watermark: str) -> list[str]:
+    return ["--max-files-per-trigger", str(files_per_trigger), "--watermark", watermark]
+
+
+def backlog(args, work: Path) -> dict:
+    data_dir = work / "backlog"
+    truth = generate(data_dir, *backlog_options(args.queries, args.seed))
+    size = log_bytes(data_dir)
+    results = run_systems(args.systems, data_dir, work, streaming_options(args.files_per_trigger, args.watermark))
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return {"workload": workload_record(truth, {"queries_option": args.queries, "seed": args.seed,
+                                                "input_bytes": size}),
+            "systems": results, "targets": targets(results)}
+
+
+def workload_record(truth: dict, options: dict) -> dict:
+    keys = ("query_events", "click_lines", "distinct_click_ids", "duplicate_click_lines", "late_query_events",
+            "orphan_clicks", "bad_lines")
+    return {**options, **{k: truth[k] for k in keys}, "joinable_clicks": len(truth["joinable_click_ids"])}
+
+
+def targets(results: dict) -> dict:
+    """The issue's backlog targets, where the systems to compare with were run."""
+    photon = results.get("photon")
+    if photon is None:
+        return {}
+    out = {}
+    if "streaming" in results:
+        sss = results["streaming"]
+        out["joined_per_second_vs_streaming"] = round(photon["joined_distinct_clicks"] / process_wall(photon)
+                                                      / (sss["joined_distinct_clicks"] / process_wall(sss)), 3)
+        out["joined_per_second_at_least_streaming"] = out["joined_per_second_vs_streaming"] >= 1.0
+    if "duckdb" in results:
+        out["wall_over_duckdb_join"] = round(photon["wall_seconds"] / results["duckdb"]["wall_seconds"], 1)
+        out["wall_over_duckdb_process"] = round(photon["wall_seconds"] / process_wall(results["duckdb"]), 1)
+        out["within_10x_of_duckdb"] = out["wall_over_duckdb_process"] <= 10
+    return out
+
+
+def scaling(args, work: Path) -> dict:
+    points = []
+    for factor in args.factors:
+        queries = args.base_queries * factor
+        print(f"scale {factor}x: {queries} queries", file=sys.stderr, flush=True)
+        data_dir = work / f"scale-{factor}"
+        truth = generate(data_dir, *backlog_options(queries, args.seed))
+        # The replay (duplicates) experiment once, at the largest size.
+        replay = [] if factor == args.factors[-1] else ["--no-replay"]
+        results = run_systems(args.systems, data_dir, work,
+                              streaming_options(args.files_per_trigger, args.watermark) + replay)
+        points.append({"factor": factor, "workload": workload_record(truth, {"queries_option": queries,
+                                                                               "seed": args.seed}),
+                       "input_bytes": log_bytes(data_dir), "systems": results})
+        shutil.rmtree(data_dir, ignore_errors=True)
+    growth = {}
+    first, last = points[0], points[-1]
+    for system in args.systems:
+        ratio = process_wall(last["systems"][system]) / process_wall(first["systems"][system])
+        size_ratio = last["input_bytes"] / first["input_bytes"]
+        growth[system] = {"wall_ratio": round(ratio, 2), "size_ratio": round(size_ratio, 2),
+                          "exponent": round(math.log(ratio) / math.log(size_ratio), 2)}
+    return {"points": points, "growth": growth}
+
+
+# -- live -------------------------------------------------------------------------
+
+def undispatched_bytes(data_dir: Path, dc: str = "dc1") -> dict[str, int]:
+    """Per stream: bytes on disk that the dispatcher has not yet cut into a work unit."""
+    from sensors.work_units import WorkUnitLog
+
+    out = {}
+    for stream in ("query", "click"):
+        on_disk = tree_bytes(data_dir / "logs" / dc / stream)
+        unit_log = data_dir / "state" / "dispatcher" / dc / f"{stream}.jsonl"
+        dispatched = sum(u.bytes for u in WorkUnitLog.load(unit_log).units) if unit_log.exists() else 0
+        out[stream] = on_disk - dispatched
+    return out
+
+
+def visible_latencies(table: Path) -> list[tuple[int, float]]:
+    """(click timestamp_us, seconds until visible) of every click in a Delta table: the commit time
+    of the first version whose added files hold it, minus its event time."""
+    import pyarrow.parquet as pq
+
+    first_seen: dict[str, tuple[int, float]] = {}
+    log_dir = table / "_delta_log"
+    for commit in sorted(log_dir.glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
+        committed_ms = next(a["commitInfo"]["timestamp"] for a in actions if "commitInfo" in a)
+        for action in actions:
+            if "add" not in action:
+                continue
+            rows = pq.read_table(table / action["add"]["path"], columns=["click_id", "timestamp_us"])
+            for click_id, ts in zip(rows.column("click_id").to_pylist(), rows.column("timestamp_us").to_pylist()):
+                if click_id not in first_seen:
+                    first_seen[click_id] = (ts, committed_ms / 1e3 - ts / 1e6)
+    return list(first_seen.values())
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+
+    def at(q: float) -> float | None:
+        value = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return round(value, 2) if math.isfinite(value) else None  # None: never visible
+
+    return {"count": len(ordered), "p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "max": at(1.0)}
+
+
+def live(args, work: Path) -> dict:
+    data_dir = work / "live"
+    gen = Measured(photon_command("gen", "--data-dir", str(data_dir), "--follow", "--rate", str(args.rate),
+                                  "--duration-s", str(args.duration_s), "--seed", str(args.seed),
+                                  "--late-query-share", str(args.late_query_share)),
+                   work / "logs" / "gen.log").start()
+    while not (data_dir / "logs" / "dc1" / "click").is_dir():
+        time.sleep(0.1)
+    started = time.time()
+    photon = Measured(photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
+                                     "--min-seconds", str(args.duration_s),
+                                     "--timeout-seconds", str(args.duration_s + args.drain_timeout_s)),
+                      work / "logs" / "photon.log").start()
+    backlog_samples = []
+    while photon.process.poll() is None:
+        if gen.process.poll() is None or not backlog_samples or time.time() - backlog_samples[-1]["t"] >= 5:
+            backlog_samples.append({"t": time.time(), **undispatched_bytes(data_dir)})
+        time.sleep(5)
+    gen.wait()
+    generator_end = started + gen.wall_seconds
+    stdout = photon.wait()
+    summary = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+    truth = json.loads((data_dir / "gen_summary.json").read_text())
+    table = data_dir / "warehouse" / "joined_clicks"
+    latencies = visible_latencies(table) if (table / "_delta_log").is_dir() else []
+    by_minute: dict[int, list[float]] = {}
+    for ts, latency in latencies:
+        by_minute.setdefault(int(ts / 1e6 - started) // 60, []).append(latency)
+    commits = sorted(float(json.loads(line)["commitInfo"]["timestamp"]) / 1e3
+                     for c in (table / "_delta_log").glob("*.json") for line in c.read_text().splitlines()
+                     if line.strip() and "commitInfo" in line) if latencies else []
+    result = {
+        "workload": {"rate_clicks_per_second": args.rate, "queries_per_second": args.rate * 10,
+                     "duration_seconds": args.duration_s, "late_query_share": args.late_query_share,
+                     "query_events": truth["query_events"], "click_lines": truth["click_lines"],
+                     "input_bytes": log_bytes(data_dir), "input_mb_per_second": round(log_bytes(data_dir) / MB
+                                                                                     / args.duration_s, 2)},
+        "photon_exit_code": photon.returncode,
+        "photon_wall_seconds": photon.wall_seconds,
+        "peak_rss_bytes": photon.peak_rss_bytes,
+        "summary": summary,
+        "joinable_clicks": len(truth["joinable_click_ids"]),
+        "joined_visible": len(latencies),
+        "latency_seconds": percentiles([latency for _, latency in latencies]),
+        # Joinable clicks not visible when Photon stopped count as infinitely late here.
+        "latency_seconds_all_joinable": percentiles(
+            [latency for _, latency in latencies] + [math.inf] * (len(truth["joinable_click_ids"]) - len(latencies))),
+        "latency_by_minute_of_click_time": {str(m): percentiles(v) for m, v in sorted(by_minute.items())},
+        "last_join_after_generator_stopped_seconds": round(commits[-1] - generator_end, 1) if commits else None,
+        "backlog_bytes": [{"t": round(s["t"] - started, 1), "query": s["query"], "click": s["click"]}
+                          for s in backlog_samples],
+        "latencies": [round(latency, 3) for _, latency in latencies],
+    }
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return result
+
+
+# -- fixed cost of a micro-batch --------------------------------------------------
+
+BATCH_COST_PROBE = """
+import json, sys, time
+started = time.monotonic()
+import definitions  # Dagster, the assets, sensors and resources: what a run process loads
+loaded = time.monotonic()
+from resources.spark import delta_session
+spark = delta_session()
+session = time.monotonic()
+spark.range(1).count()
+first_action = time.monotonic()
+print(json.dumps({"import_definitions": loaded - started, "spark_session": session - loaded,
+                  "first_action": first_action - session}))
+"""
+
+
+def batch_cost(args, work: Path) -> dict:
+    """The fixed cost before (a process and a JVM per run, Dagster's default run launcher) and after
+    (runs inside `photon run`, sharing its Spark session), both measured here: the first from
+    fresh processes, the second from a `photon run` over a small workload's micro-batches."""
+    fresh = []
+    for _ in range(args.repeats):
+        measured = Measured([PYTHON, "-c", BATCH_COST_PROBE], work / "logs" / "probe.log")
+        phases = json.loads(measured.run().strip().splitlines()[-1])
+        fresh.append({**{k: round(v, 3) for k, v in phases.items()}, "process": measured.wall_seconds})
+    data_dir = work / "batch-cost"
+    generate(data_dir, "--queries", str(args.queries), "--seed", str(args.seed), "--withhold-late")
+    run_photon(data_dir, work / "logs")
+    in_process = run_timings(data_dir)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    mean = {k: round(statistics.mean(f[k] for f in fresh), 2) for k in fresh[0]}
+    return {"process_per_run": {"samples": fresh, "mean": mean}, "in_process": in_process}
+
+
+def run_timings(data_dir: Path) -> dict:
+    """From the Dagster instance: per run, creation to start, and each click run's Spark-session
+    phase (zero when the session is shared)."""
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(data_dir / "dagster")))
+    starts, durations = [], []
+    for record in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS])):
+        starts.append(record.start_time - record.create_timestamp.timestamp())
+        durations.append(record.end_time - record.start_time)
+    sessions = [event.asset_materialization.metadata["phase_spark_session_seconds"].value
+                for event in instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=1000).records
+                if "phase_spark_session_seconds" in event.asset_materialization.metadata]
+    return {"runs": len(starts), "mean_run_start_seconds": round(statistics.mean(starts), 3),
+            "mean_run_seconds": round(statistics.mean(durations), 2),
+            "spark_session_seconds_per_click_run": [round(s, 3) for s in sorted(sessions, reverse=True)]}
+
+
+# -- reports --------------------------------------------------------------------
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def backlog_table(result: dict) -> str:
+    rows = ["| system | wall to done (join alone) | joined | joined/s | input MB/s | peak memory | bytes written per input byte | missed (late) | duplicates |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in result["systems"].items():
+        wall = process_wall(r)
+        duplicates = r.get("duplicates_in_output", r.get("duplicates_in_one_run", 0))
+        rows.append(f"| {SYSTEM_LABELS[name]} | {wall:.1f} s (join {r['wall_seconds']:.1f} s) | "
+                    f"{r['joined_distinct_clicks']:,} | {r['joined_distinct_clicks'] / wall:,.0f} | "
+                    f"{r['input_bytes'] / MB / wall:.2f} | {gib(r['peak_rss_bytes'])} | {r['write_amplification']} | "
+                    f"{r['correctness']['missing_clicks']} ({r['correctness']['missing_late_clicks']}) | {duplicates} |")
+    return "\n".join(rows)
+
+
+def backlog_title(result: dict) -> str:
+    return (f"Backlog: {result['workload']['query_events']:,} queries, "
+            f"{result['workload']['click_lines']:,} click lines")
+
+
+def backlog_chart(result: dict, path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["systems"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    values = [result["systems"][n]["joined_distinct_clicks"] / process_wall(result["systems"][n]) for n in names]
+    bars = ax.bar([SYSTEM_LABELS[n] for n in names], values, color=["#d62728", "#1f77b4", "#ff7f0e"][:len(names)])
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("joined clicks per second (wall time to done)")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def scaling_chart(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for system in result["growth"]:
+        xs = [p["input_bytes"] / MB for p in result["points"]]
+        ax.plot(xs, [process_wall(p["systems"][system]) for p in result["points"]], marker="o",
+                label=SYSTEM_LABELS[system])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("input MB")
+    ax.set_ylabel("wall seconds to done")
+    ax.set_title("Backlog scaling")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def live_chart(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    latencies = result["latencies"]
+    if latencies:
+        left.hist(latencies, bins=60, color="#d62728")
+        for q in ("p50", "p90", "p99"):
+            left.axvline(result["latency_seconds"][q], linestyle="--", color="black", linewidth=0.8)
+            left.text(result["latency_seconds"][q], left.get_ylim()[1] * 0.9, q, rotation=90)
+    left.set_xlabel("seconds from click to visible in joined_clicks")
+    left.set_ylabel("clicks")
+    left.set_title(f"Live, {result['workload']['rate_clicks_per_second']:g} clicks/s: latency")
+    samples = result["backlog_bytes"]
+    right.plot([s["t"] for s in samples], [s["query"] / MB for s in samples], label="query bytes not dispatched")
+    right.plot([s["t"] for s in samples], [s["click"] / MB for s in samples], label="click bytes not dispatched")
+    right.set_xlabel("seconds since start")
+    right.set_ylabel("MB")
+    right.set_title("Backlog")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(name: str, result: dict, args) -> Path:
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    path = args.results_dir / f"{date.today().isoformat()}-{name}.json"
+    result = {"benchmark": name, "date": date.today().isoformat(), "machine": machine(),
+              "command": " ".join(sys.argv), **result}
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "python": sys.version.split()[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path, help="keep data and logs here (default: temporary, removed)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    workloads = parser.add_subparsers(dest="workload", required=True)
+    for name in ("backlog", "scaling"):
+        sub = workloads.add_parser(name)
+        sub.add_argument("--seed", type=int, default=2026)
+        sub.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "duckdb", "streaming"])
+        # About one Photon query work unit (32 MiB of 256 KiB files) per trigger.
+        sub.add_argument("--files-per-trigger", type=int, default=128)
+        sub.add_argument("--watermark", default="10 minutes")
+    workloads.choices["backlog"].add_argument("--queries", type=int, default=2_000_000)
+    workloads.choices["scaling"].add_argument("--base-queries", type=int, default=250_000)
+    workloads.choices["scaling"].add_argument("--factors", type=lambda s: [int(f) for f in s.split(",")],
+                                              default=[1, 2, 4, 8])
+    live_options = workloads.add_parser("live")
+    live_options.add_argument("--rate", type=float, default=1000.0, help="clicks per second (queries: 10x)")
+    live_options.add_argument("--duration-s", type=float, default=300.0)
+    live_options.add_argument("--drain-timeout-s", type=float, default=600.0,
+                              help="after the generator stops, give Photon this long to finish")
+    live_options.add_argument("--late-query-share", type=float, default=0.0)
+    live_options.add_argument("--seed", type=int, default=2026)
+    live_options.add_argument("--name", default="live", help="result file name (several rates)")
+    cost = workloads.add_parser("batch-cost")
+    cost.add_argument("--repeats", type=int, default=3)
+    cost.add_argument("--queries", type=int, default=20000)
+    cost.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="photon-bench-"))
+    try:
+        if args.workload == "backlog":
+            result = backlog(args, work)
+            path = write("backlog", result, args)
+            backlog_chart(result, path.with_suffix(".png"), backlog_title(result))
+            print(backlog_table(result))
+        elif args.workload == "scaling":
+            result = scaling(args, work)
+            path = write("scaling", result, args)
+            scaling_chart(result, path.with_suffix(".png"))
+            largest = result["points"][-1]
+            if largest["workload"]["query_events"] >= BACKLOG_MIN_QUERIES:
+                # The largest point is the backlog workload itself (same generator options).
+                backlog_result = {"workload": {**largest["workload"], "input_bytes": largest["input_bytes"]},
+                                  "systems": largest["systems"], "targets": targets(largest["systems"])}
+                backlog_path = write("backlog", backlog_result, args)
+                backlog_chart(backlog_result, backlog_path.with_suffix(".png"), backlog_title(backlog_result))
+            for point in result["points"]:
+                print(f"\n{point['factor']}x ({point['input_bytes'] / MB:.0f} MB)\n" + backlog_table(point))
+            print(json.dumps(result["growth"]))
+        elif args.workload == "live":
+            result = live(args, work)
+            path = write(args.name, result, args)
+            live_chart(result, path.with_suffix(".png"))
+            print(json.dumps({k: v for k, v in result.items() if k not in ("latencies", "backlog_bytes")}, indent=2))
+        else:
+            result = batch_cost(args, work)
+            path = write("batch_cost", result, args)
+            print(json.dumps(result, indent=2))
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
