@@ -149,6 +149,7 @@ def joined_click_ids(table: Path) -> tuple[set[str], int]:
 
 
 def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600, extra: tuple = ()) -> dict:
+    from benchmarks.baseline import run_phases
     from benchmarks.peers import compare_with_truth, ground_truth
 
     size = log_bytes(data_dir)
@@ -176,6 +177,8 @@ def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600, ex
         "summary": {k: summary[k] for k in ("clicks_seen", "distinct_clicks", "clicks_joined", "clicks_pending",
                                             "clicks_unjoinable", "duplicate_click_lines", "quarantined_lines")},
         "correctness": compare_with_truth(ids, ground_truth(data_dir)),
+        # Where the time goes: runs per job and their mean length, the join's phases per click run.
+        **run_phases(data_dir),
     }
 
 
