@@ -64,6 +64,15 @@ def delta_session(
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
+            # The status store keeps the last 1,000 SQL executions, jobs and stages (plan strings,
+            # metrics) even with the UI off. One session serves every run of `photon run`, and a
+            # 2 M-query backlog filled a 4 GiB heap with them (Java heap space in a MERGE); a few
+            # dozen are enough for the error messages that use them.
+            .config("spark.sql.ui.retainedExecutions", "50")
+            .config("spark.ui.retainedJobs", "100")
+            .config("spark.ui.retainedStages", "100")
+            .config("spark.ui.retainedTasks", "10000")
+            .config("spark.ui.dagGraph.retainedRootRDDs", "100")
             # Small tables on few cores: rebuilding a Delta snapshot over 50 partitions is pure overhead.
             .config("spark.databricks.delta.snapshotPartitions", "2")
             .config("spark.databricks.delta.stats.collect", "true")
