@@ -218,9 +218,9 @@ def run_until_idle(
 ) -> dict:
     """Ticks every dispatcher until a pass launches nothing twice in a row and no failed work unit
     waits for a retry, and at least `min_seconds` have passed (logs still being written: the
-    pipeline keeps tailing them in between); then verifies the output. When verification fails, the recovery job runs
-    and the pipeline goes on (the re-injected clicks are pending clicks), up to MAX_RECOVERY_ROUNDS
-    times. Returns the summary."""
+    pipeline keeps tailing them meanwhile); then verifies the output. When verification fails, the
+    recovery job runs and the pipeline goes on (the re-injected clicks are pending clicks), up to
+    MAX_RECOVERY_ROUNDS times. Returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
     with exclusive(layout, datacenters), registry_service(layout, log):
