@@ -130,12 +130,11 @@ def generate(data_dir: Path, *options: str) -> dict:
     return json.loads((data_dir / "gen_summary.json").read_text())
 
 
-def tree_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+def log_bytes(data_dir: Path) -> int:
+    """Input bytes of the replica every system reads (dc1)."""
+    from benchmarks.peers import input_bytes
 
-
-def log_bytes(data_dir: Path, dc: str = "dc1") -> int:
-    return tree_bytes(data_dir / "logs" / dc)
+    return input_bytes(data_dir, "dc1")
 
 
 # -- the systems ----------------------------------------------------------------
@@ -148,13 +147,13 @@ def joined_click_ids(table: Path) -> tuple[set[str], int]:
     return set(ids), len(ids)
 
 
-def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600, extra: tuple = ()) -> dict:
+def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600) -> dict:
     from benchmarks.baseline import run_phases
-    from benchmarks.peers import compare_with_truth, ground_truth
+    from benchmarks.peers import compare_with_truth, ground_truth, tree_bytes
 
     size = log_bytes(data_dir)
     measured = Measured(photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
-                                       "--timeout-seconds", str(timeout_seconds), *extra), logs / "photon.log")
+                                       "--timeout-seconds", str(timeout_seconds)), logs / "photon.log")
     summary = json.loads(measured.run().strip().splitlines()[-1])
     ids, rows = joined_click_ids(data_dir / "warehouse" / "joined_clicks")
     written = {name: tree_bytes(data_dir / name) for name in PHOTON_STATE_DIRS}
@@ -183,6 +182,8 @@ def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600, ex
 
 
 def run_peer(peer: str, data_dir: Path, out_dir: Path, logs: Path, *options: str) -> dict:
+    from benchmarks.peers import tree_bytes
+
     measured = Measured([PYTHON, str(REPO / "benchmarks" / "peers.py"), peer, "--data-dir", str(data_dir),
                          "--out-dir", str(out_dir), *options], logs / f"{peer}.log")
     result = json.loads(measured.run())
@@ -302,11 +303,12 @@ def scaling(args, work: Path) -> dict:
 
 def undispatched_bytes(data_dir: Path, dc: str = "dc1") -> dict[str, int]:
     """Per stream: bytes on disk that the dispatcher has not yet cut into a work unit."""
+    from benchmarks.peers import stream_dir
     from sensors.work_units import WorkUnitLog
 
     out = {}
     for stream in ("query", "click"):
-        on_disk = tree_bytes(data_dir / "logs" / dc / stream)
+        on_disk = sum(p.stat().st_size for p in stream_dir(data_dir, dc, stream).rglob("*.jsonl"))
         unit_log = data_dir / "state" / "dispatcher" / dc / f"{stream}.jsonl"
         dispatched = sum(u.bytes for u in WorkUnitLog.load(unit_log).units) if unit_log.exists() else 0
         out[stream] = on_disk - dispatched
@@ -374,9 +376,8 @@ def live(args, work: Path) -> dict:
     by_minute: dict[int, list[float]] = {}
     for ts, latency in latencies:
         by_minute.setdefault(int(ts / 1e6 - started) // 60, []).append(latency)
-    commits = sorted(float(json.loads(line)["commitInfo"]["timestamp"]) / 1e3
-                     for c in (table / "_delta_log").glob("*.json") for line in c.read_text().splitlines()
-                     if line.strip() and "commitInfo" in line) if latencies else []
+    last_visible = max((ts / 1e6 + latency for ts, latency in latencies), default=None)
+    size = log_bytes(data_dir)
     result = {
         "workload": {"rate_clicks_per_second": args.rate, "duration_seconds": args.duration_s,
                      "late_query_share": args.late_query_share,
@@ -384,8 +385,7 @@ def live(args, work: Path) -> dict:
                      "generated_clicks_per_second": round(truth["click_lines"] / args.duration_s, 1),
                      "generated_queries_per_second": round(truth["query_events"] / args.duration_s, 1),
                      "query_events": truth["query_events"], "click_lines": truth["click_lines"],
-                     "input_bytes": log_bytes(data_dir), "input_mb_per_second": round(log_bytes(data_dir) / MB
-                                                                                     / args.duration_s, 2)},
+                     "input_bytes": size, "input_mb_per_second": round(size / MB / args.duration_s, 2)},
         "photon_exit_code": photon.returncode,
         "photon_wall_seconds": photon.wall_seconds,
         "peak_rss_bytes": photon.peak_rss_bytes,
@@ -397,7 +397,7 @@ def live(args, work: Path) -> dict:
         "latency_seconds_all_joinable": percentiles(
             [latency for _, latency in latencies] + [math.inf] * (len(truth["joinable_click_ids"]) - len(latencies))),
         "latency_by_minute_of_click_time": {str(m): percentiles(v) for m, v in sorted(by_minute.items())},
-        "last_join_after_generator_stopped_seconds": round(commits[-1] - generator_end, 1) if commits else None,
+        "last_join_after_generator_stopped_seconds": round(last_visible - generator_end, 1) if latencies else None,
         "backlog_bytes": [{"t": round(s["t"] - started, 1), "query": s["query"], "click": s["click"]}
                           for s in backlog_samples],
         "latencies": [round(latency, 3) for _, latency in latencies],
