@@ -133,7 +133,7 @@ def join_clicks(
         asset_key="click_ledger",
         metadata={
             **common,
-            "dagster/row_count": row_count(session, tables["click_ledger"]),
+            "dagster/row_count": row_count(session, "click_ledger", tables["click_ledger"]),
             "click_lines": ingest.events,
             "quarantined_lines": ingest.quarantined,
             "bytes_read": ingest.bytes_read,
@@ -144,7 +144,7 @@ def join_clicks(
         asset_key="joined_clicks",
         metadata={
             **common,
-            "dagster/row_count": row_count(session, tables["joined_clicks"]),
+            "dagster/row_count": row_count(session, "joined_clicks", tables["joined_clicks"]),
             **{f"clicks_{k}": v for k, v in stats.counts().items() if not k.startswith(("cache_", "logs_", "not_"))},
             **{f"eventstore_{k}": v for k, v in stats.counts().items() if k.startswith(("cache_", "logs_", "not_"))},
             "eventstore_cache_hit_ratio": dg.FloatMetadataValue(
@@ -160,7 +160,7 @@ def join_clicks(
         asset_key="unjoinable_clicks",
         metadata={
             **common,
-            "dagster/row_count": row_count(session, tables["unjoinable_clicks"]),
+            "dagster/row_count": row_count(session, "unjoinable_clicks", tables["unjoinable_clicks"]),
             "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old,
         },
     )

@@ -91,7 +91,7 @@ def ingest_query_logs(
         asset_key="query_logs",
         metadata={
             **common,
-            "dagster/row_count": row_count(session, tables["query_logs"]),
+            "dagster/row_count": row_count(session, "query_logs", tables["query_logs"]),
             "queries_added": stats.events,
             "queries_evicted": evicted,
             **({"cache_since_us": boundary} if boundary is not None else {}),
@@ -102,7 +102,7 @@ def ingest_query_logs(
         asset_key="log_file_map",
         metadata={
             **common,
-            "dagster/row_count": row_count(session, tables["log_file_map"]),
+            "dagster/row_count": row_count(session, "log_file_map", tables["log_file_map"]),
             "entries_added": stats.map_entries,
         },
     )

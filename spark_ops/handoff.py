@@ -25,3 +25,14 @@ def unstage(spark: SparkSession, answer: pa.RecordBatchReader, path: Path) -> Da
         for batch in answer:
             writer.write_batch(batch)
     return spark.read.parquet(str(path))
+
+
+def materialize(df: DataFrame, path: Path) -> DataFrame:
+    """`df` computed once, into Parquet under a work unit's staging directory, and read back.
+
+    Later actions read the files instead of re-running the plan (an EventStore lookup or a registry
+    call): a persisted frame would not do, since a Delta write drops cached frames and Spark then
+    recomputes them inside the MERGE that reads them.
+    """
+    df.write.mode("overwrite").parquet(str(path))
+    return df.sparkSession.read.parquet(str(path))

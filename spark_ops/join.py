@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.registry import IdRegistry
 from spark_ops.event_store import EventStore
+from spark_ops.handoff import materialize
 from spark_ops.pending import PendingPolicy, update_pending
 from spark_ops.registry_calls import commit_ids, lookup_ids
 from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, insert_new
@@ -113,86 +113,100 @@ def join_work_unit(
     stats = JoinStats()
     mark = time.monotonic()
     staging.mkdir(parents=True, exist_ok=True)
-    held = []
     click_fields = [f.name for f in CLICK_EVENT]
 
-    def keep(df: DataFrame) -> DataFrame:
-        held.append(df.persist(StorageLevel.MEMORY_AND_DISK))
-        return df
-
     try:
-        clicks = keep(click_columns(clicks).dropDuplicates(["click_id"]))
+        # Every intermediate result is computed once, into the work unit's staging directory: the
+        # counts and the MERGEs below read files, never re-run a lookup (spark_ops/handoff.py).
+        clicks = materialize(click_columns(clicks).dropDuplicates(["click_id"]), staging / "clicks")
         stats.clicks = clicks.count()
         mark = stats.timed("dedupe", mark)
         if stats.clicks == 0:
             return stats
 
         # 1. Dispatcher lookup.
-        registered = keep(lookup_ids(spark, registry, clicks.select("click_id", "timestamp_us"), staging / "lookup"))
+        registered = lookup_ids(spark, registry, clicks.select("click_id", "timestamp_us"), staging / "lookup")
         taken = registered.where(
             (F.col("status") == "registered") & (F.col("token").isNull() | (F.col("token") != token))
-        )
+        ).select("click_id")
         too_old_seen = registered.where(F.col("status") == "too_old").select("click_id")
-        candidates = clicks.join(taken.select("click_id").unionByName(too_old_seen), "click_id", "left_anti")
-        stats.skipped_registered = taken.count()
+        candidates = clicks.join(taken.unionByName(too_old_seen), "click_id", "left_anti")
         mark = stats.timed("lookup", mark)
 
         # 2. EventStore lookup; what neither tier has is judged by the pending policy.
         found, not_found = event_store.lookup(candidates)
-        judged = keep(pending.judge(not_found, token))
-        given_up = judged.where("give_up").select(*click_fields, "reason")
+        judged = materialize(pending.judge(not_found, token), staging / "judged")
         mark = stats.timed("eventstore", mark)
 
         # 3. Adapter. Clicks it drops are resolved as unjoinable, through the registry like joins.
         schema = TABLE_SCHEMAS["joined_clicks"][0]
-        adapted = keep(adapter(found).select(*[c for c in schema.fieldNames() if c in found.columns]))
+        adapted = materialize(
+            adapter(found).select(*[c for c in schema.fieldNames() if c in found.columns]), staging / "adapted"
+        )
         dropped = (
             found.join(adapted.select("click_id"), "click_id", "left_anti")
-            .select(*click_fields, F.lit("dropped by adapter").alias("reason"))
+            .select(*click_fields, F.lit("dropped by adapter").alias("reason"), F.lit("dropped").alias("outcome"))
         )
-        unjoinable = keep(dropped.unionByName(given_up))
-        n_adapted = adapted.count()
+        given_up = judged.where("give_up").select(*click_fields, "reason", F.lit("given_up").alias("outcome"))
+        unjoinable = materialize(dropped.unionByName(given_up), staging / "unjoinable")
         mark = stats.timed("adapter", mark)
 
         # 4. Conditional commit of every id this work unit resolves.
         checkpoint("before_registry_commit")
         resolved = adapted.select("click_id", "timestamp_us").unionByName(unjoinable.select("click_id", "timestamp_us"))
-        answers = keep(commit_ids(spark, registry, resolved, token, staging / "commit"))
+        answers = commit_ids(spark, registry, resolved, token, staging / "commit")
         winners = answers.where(F.col("status") == "held").select("click_id")
         too_old = answers.where(F.col("status") == "too_old").select("click_id").unionByName(too_old_seen)
-        answered = dict(answers.groupBy("status").count().collect())  # at most three rows
         mark = stats.timed("registry_commit", mark)
         checkpoint("after_registry_commit")
 
-        # Counted before the writes: a Delta write drops Spark's cached frames of the tables it
-        # changed, and `clicks` of a pending retry is read from pending_clicks.
+        # Every outcome counted in one aggregation over the staged frames.
         for name, value in event_store.stats.as_dict().items():
             setattr(stats, name, value)
-        still_pending = keep(judged.where(~F.col("give_up")))
-        stats.pending = still_pending.count()
-        stats.joined = adapted.join(winners, "click_id", "left_semi").count()
-        stats.dropped_by_adapter = found.count() - n_adapted
-        stats.given_up = given_up.join(winners, "click_id", "left_semi").count()
-        stats.too_old = too_old.count()
-        stats.refused = answered.get("refused", 0)
+        outcomes = (
+            adapted.select("click_id", F.lit("joined").alias("outcome"))
+            .unionByName(unjoinable.select("click_id", "outcome"))
+            .join(answers, "click_id", "left")
+            .select("outcome", "status")
+            .unionByName(judged.where(~F.col("give_up")).select(F.lit("pending").alias("outcome"), F.lit(None).cast("string").alias("status")))
+            .unionByName(too_old_seen.select(F.lit("too_old_seen").alias("outcome"), F.lit("too_old").alias("status")))
+            .unionByName(taken.select(F.lit("taken").alias("outcome"), F.lit(None).cast("string").alias("status")))
+        )
+        counted = {(r["outcome"], r["status"]): r["count"] for r in outcomes.groupBy("outcome", "status").count().collect()}
+
+        def count(outcome: str | None = None, status: str | None = None) -> int:
+            return sum(n for (o, s), n in counted.items() if outcome in (None, o) and status in (None, s))
+
+        stats.skipped_registered = count("taken")
+        stats.pending = count("pending")
+        stats.joined = count("joined", "held")
+        stats.dropped_by_adapter = count("dropped")
+        stats.given_up = count("given_up", "held")
+        stats.too_old = count(status="too_old")
+        stats.refused = count(status="refused")
         mark = stats.timed("counts", mark)
 
-        # 5. Output, keyed by click_id, then what is still pending.
+        # 5. Output, keyed by click_id, then what is still pending. A table with nothing to add is
+        # not touched: an empty MERGE still costs a Delta commit.
         now = F.current_timestamp()
-        joined_rows = adapted.join(winners, "click_id", "left_semi").select(
-            *adapted.columns,
-            F.lit(dc).alias("joined_by_dc"),
-            now.alias("joined_at"),
-            F.lit(token).alias("work_unit"),
-        )
-        insert_new(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id")
-        unjoinable_rows = (
-            unjoinable.join(winners, "click_id", "left_semi")
-            .unionByName(clicks.join(too_old, "click_id", "left_semi").select(*click_fields, F.lit(TOO_OLD_REASON).alias("reason")))
-            .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
-        )
-        insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id")
-        update_pending(tables["pending_clicks"], dc, token, still_pending, clicks if retrying_pending else None)
+        if stats.joined:
+            joined_rows = adapted.join(winners, "click_id", "left_semi").select(
+                *adapted.columns,
+                F.lit(dc).alias("joined_by_dc"),
+                now.alias("joined_at"),
+                F.lit(token).alias("work_unit"),
+            )
+            insert_new(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id")
+        if stats.too_old or count("dropped", "held") or stats.given_up:
+            unjoinable_rows = (
+                unjoinable.join(winners, "click_id", "left_semi")
+                .select(*click_fields, "reason")
+                .unionByName(clicks.join(too_old, "click_id", "left_semi").select(*click_fields, F.lit(TOO_OLD_REASON).alias("reason")))
+                .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
+            )
+            insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id")
+        if stats.pending or retrying_pending:
+            update_pending(tables["pending_clicks"], dc, token, judged.where(~F.col("give_up")), clicks if retrying_pending else None)
         mark = stats.timed("write", mark)
         checkpoint("after_output_write")
 
@@ -203,6 +217,4 @@ def join_work_unit(
         return stats
     finally:
         event_store.release()
-        for df in held:
-            df.unpersist()
         shutil.rmtree(staging, ignore_errors=True)

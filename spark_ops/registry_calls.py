@@ -3,7 +3,8 @@
 With the registry service, each Spark task sends its partition's ids to the server itself (no round
 trip through the driver); a task retried by Spark repeats its commit under the same token, which the
 registry answers the same way. An embedded registry lives in the driver's process, so its batches
-are handed over as Parquet (spark_ops/handoff.py).
+are handed over as Parquet (spark_ops/handoff.py). Either way the answer is read back from Parquet in
+the staging directory: it is computed once, whatever number of actions read it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from resources.registry import IdRegistry
-from spark_ops.handoff import stage, unstage
+from spark_ops.handoff import materialize, stage, unstage
 
 LOOKUP_ANSWER = T.StructType(
     [
@@ -51,7 +52,7 @@ def lookup_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, stagin
     """`ids`: click_id, timestamp_us. Answer: click_id, token, status of registered and too-old ids."""
     remote = registry.for_executors()
     if remote is not None:
-        return ids.mapInArrow(_per_partition(remote.lookup, LOOKUP_ANSWER), LOOKUP_ANSWER)
+        return materialize(ids.mapInArrow(_per_partition(remote.lookup, LOOKUP_ANSWER), LOOKUP_ANSWER), staging / "answer")
     return _via_driver(spark, registry.lookup(stage(ids, staging / "ids")), LOOKUP_ANSWER, staging / "answer")
 
 
@@ -59,5 +60,6 @@ def commit_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, token:
     """`ids`: click_id, timestamp_us. Answer: click_id, status (held, refused, too_old) per id."""
     remote = registry.for_executors()
     if remote is not None:
-        return ids.mapInArrow(_per_partition(lambda t: remote.commit(t, token), COMMIT_ANSWER), COMMIT_ANSWER)
+        answer = ids.mapInArrow(_per_partition(lambda t: remote.commit(t, token), COMMIT_ANSWER), COMMIT_ANSWER)
+        return materialize(answer, staging / "answer")
     return _via_driver(spark, registry.commit(stage(ids, staging / "ids"), token), COMMIT_ANSWER, staging / "answer")

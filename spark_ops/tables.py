@@ -182,9 +182,10 @@ def read_table(spark: SparkSession, name: str, path: str) -> DataFrame:
     return spark.read.format("delta").load(path)
 
 
-def row_count(spark: SparkSession, path: str) -> int:
-    """Rows of a Delta table; answered from the log's file statistics, without a scan."""
-    return spark.read.format("delta").load(path).count()
+def row_count(spark: SparkSession, name: str, path: str) -> int:
+    """Rows of a Delta table (created empty if no run wrote it yet); answered from the log's file
+    statistics, without a scan."""
+    return read_table(spark, name, path).count()
 
 
 def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, DataFrame]:
