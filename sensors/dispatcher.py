@@ -118,6 +118,15 @@ def pace_clicks(
     )
 
 
+def work_unit_bytes(stream: str, backlog_bytes: int, settings: PipelineSettings) -> int:
+    """Size of the work units cut now: the catch-up size while at least that much is waiting."""
+    if stream == "query":
+        normal, catch_up = settings.query_work_unit_bytes, settings.query_catch_up_work_unit_bytes
+    else:
+        normal, catch_up = settings.click_work_unit_bytes, settings.click_catch_up_work_unit_bytes
+    return catch_up if catch_up > normal and backlog_bytes >= catch_up else normal
+
+
 def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
     job_name, _ = JOBS[stream]
 
@@ -133,10 +142,10 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
     def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
         cursor = read_cursor(context.cursor, requested=0, held_since=None, paced_ticks=0)
         layout = DataLayout(Path(data_dir))
-        max_bytes = settings.query_work_unit_bytes if stream == "query" else settings.click_work_unit_bytes
         log = WorkUnitLog.load(layout.dispatcher_state / dc / f"{stream}.jsonl")
         stream_dir = layout.stream_dir(dc, stream)
         ranges = new_ranges(stream_dir, log.next_offsets())
+        max_bytes = work_unit_bytes(stream, sum(end - start for _, start, end in ranges), settings)
         now = time.time()
         pacing = pace_clicks(layout, dc, ranges, cursor["held_since"], settings, now) if stream == "click" else Pacing(False)
         observations = []

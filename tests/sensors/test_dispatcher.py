@@ -61,6 +61,25 @@ def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, ins
     assert rng["start"] == covered["w1/00000.jsonl"]
 
 
+def test_a_backlog_is_cut_into_catch_up_work_units(tmp_path, instance):
+    lines = [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i) for i in range(40)]
+
+    def unit_sizes(name: str, catch_up: int) -> list[int]:
+        # Each variant in its own data dir: work units, once cut, are durable.
+        write_lines(tmp_path / name / "logs" / "dc1" / "click" / "w1" / "00000.jsonl", lines)
+        sensor = log_dispatcher("dc1", "click", str(tmp_path / name))
+        requests = evaluate(sensor, instance, pacing_max_hold_seconds=0, click_work_unit_bytes=1000,
+                            click_catch_up_work_unit_bytes=catch_up).run_requests
+        return [sum(r["end"] - r["start"] for r in q.run_config["ops"]["join_clicks"]["config"]["ranges"]) for q in requests]
+
+    normal = unit_sizes("normal", 0)
+    backlog = sum(normal)
+    catching_up = unit_sizes("catching_up", backlog // 2)
+    assert sum(catching_up) == backlog and max(normal) <= 1000
+    assert len(catching_up) in (2, 3) and max(catching_up) > 1000
+    assert unit_sizes("not_enough_waiting", backlog + 1) == normal
+
+
 def test_query_dispatcher_targets_the_ingest_job(tmp_path, instance):
     write_lines(tmp_path / "logs" / "dc2" / "query" / "w" / "0.jsonl", [query("10.0.0.2:2:1", 1)])
     result = evaluate(log_dispatcher("dc2", "query", str(tmp_path)), instance)

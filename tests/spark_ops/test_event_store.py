@@ -82,6 +82,23 @@ def test_queries_older_than_the_cache_are_found_through_the_log_file_map(tmp_pat
     event_store.release()
 
 
+def test_the_cache_tier_is_searched_around_the_times_the_query_ids_name(tmp_path, spark):
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    # An hour of queries, one a minute; one is logged with a timestamp two minutes off its id's. The
+    # clicks' query ids span half an hour of it.
+    queries = [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(0, 3600, 60)]
+    queries.append(query(qid("10.1.0.1:7", 1801), T0 + 1921 * SECOND))
+    write_lines(query_dir / "a" / "0.jsonl", queries)
+    ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0")
+    wanted = {"c1": qid("10.1.0.1:7", 1800), "c2": qid("10.1.0.1:7", 1801), "c3": qid("10.1.0.1:7", 3540)}
+    clicks = [click(cid(c), q, T0 + 3600 * SECOND) for c, q in wanted.items()]
+    event_store = store(spark, tables, query_dir)
+    found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, clicks))
+    assert {name(r.click_id): r.query.query_id for r in found.collect()} == wanted and not_found.count() == 0
+    assert event_store.stats.cache_hits == 3
+
+
 def test_the_cache_tier_stays_bounded_while_the_logs_grow(tmp_path, spark):
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
