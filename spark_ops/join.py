@@ -84,6 +84,11 @@ class JoinStats:
         return now
 
 
+def labelled(df: DataFrame, outcome: str, status: str | None) -> DataFrame:
+    """One (outcome, registry status) row per row of `df`, for counting."""
+    return df.select(F.lit(outcome).alias("outcome"), F.lit(status).cast("string").alias("status"))
+
+
 def click_columns(clicks: DataFrame) -> DataFrame:
     """The click fields as the output tables name them, and the lookups made before (0 if none)."""
     attempts = F.col("attempts") if "attempts" in clicks.columns else F.lit(0)
@@ -160,19 +165,20 @@ def join_work_unit(
         mark = stats.timed("registry_commit", mark)
         checkpoint("after_registry_commit")
 
-        # Every outcome counted in one aggregation over the staged frames.
         for name, value in event_store.stats.as_dict().items():
             setattr(stats, name, value)
+        # Every outcome counted in one aggregation over the staged frames.
         outcomes = (
             adapted.select("click_id", F.lit("joined").alias("outcome"))
             .unionByName(unjoinable.select("click_id", "outcome"))
             .join(answers, "click_id", "left")
             .select("outcome", "status")
-            .unionByName(judged.where(~F.col("give_up")).select(F.lit("pending").alias("outcome"), F.lit(None).cast("string").alias("status")))
-            .unionByName(too_old_seen.select(F.lit("too_old_seen").alias("outcome"), F.lit("too_old").alias("status")))
-            .unionByName(taken.select(F.lit("taken").alias("outcome"), F.lit(None).cast("string").alias("status")))
+            .unionByName(labelled(judged.where(~F.col("give_up")), "pending", None))
+            .unionByName(labelled(too_old_seen, "too_old_seen", "too_old"))
+            .unionByName(labelled(taken, "taken", None))
         )
-        counted = {(r["outcome"], r["status"]): r["count"] for r in outcomes.groupBy("outcome", "status").count().collect()}
+        rows = outcomes.groupBy("outcome", "status").count().collect()  # a few rows
+        counted = {(r["outcome"], r["status"]): r["count"] for r in rows}
 
         def count(outcome: str | None = None, status: str | None = None) -> int:
             return sum(n for (o, s), n in counted.items() if outcome in (None, o) and status in (None, s))
@@ -201,12 +207,16 @@ def join_work_unit(
             unjoinable_rows = (
                 unjoinable.join(winners, "click_id", "left_semi")
                 .select(*click_fields, "reason")
-                .unionByName(clicks.join(too_old, "click_id", "left_semi").select(*click_fields, F.lit(TOO_OLD_REASON).alias("reason")))
+                .unionByName(
+                    clicks.join(too_old, "click_id", "left_semi")
+                    .select(*click_fields, F.lit(TOO_OLD_REASON).alias("reason"))
+                )
                 .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
             )
             insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id")
         if stats.pending or retrying_pending:
-            update_pending(tables["pending_clicks"], dc, token, judged.where(~F.col("give_up")), clicks if retrying_pending else None)
+            still_pending = judged.where(~F.col("give_up"))
+            update_pending(tables["pending_clicks"], dc, token, still_pending, clicks if retrying_pending else None)
         mark = stats.timed("write", mark)
         checkpoint("after_output_write")
 
