@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import percentiles
+from benchmarks.run import latency_histogram, percentiles
 
 pytestmark = pytest.mark.benchmarks
 
@@ -50,6 +50,7 @@ def test_live_measures_the_latency_of_every_joined_click(tmp_path):
     assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
     assert result["latency_seconds_all_joinable"]["p99"] == latency["p99"]
     assert len(result["backlog_bytes"]) >= 4
+    assert sum(result["latency_histogram"]["counts"]) == result["joined_visible"]
     # Photon ran at least as long as the generator wrote: it did not go idle between appends.
     assert result["photon_wall_seconds"] >= 20
 
@@ -58,3 +59,9 @@ def test_percentiles_count_never_visible_clicks_as_missing():
     assert percentiles([1.0, 2.0, 3.0, 4.0]) == {"count": 4, "p50": 3.0, "p90": 4.0, "p99": 4.0, "max": 4.0}
     assert percentiles([1.0] * 8 + [float("inf")] * 2)["p90"] is None
     assert percentiles([]) == {"count": 0}
+
+
+def test_the_latency_histogram_keeps_every_click_in_one_second_bins():
+    histogram = latency_histogram([12.2, 12.9, 15.0, 13.5])
+    assert histogram == {"bin_seconds": 1.0, "first_bin_seconds": 12, "counts": [2, 1, 0, 1]}
+    assert latency_histogram([])["counts"] == []
