@@ -52,7 +52,8 @@ def lookup_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, stagin
     """`ids`: click_id, timestamp_us. Answer: click_id, token, status of registered and too-old ids."""
     remote = registry.for_executors()
     if remote is not None:
-        return materialize(ids.mapInArrow(_per_partition(remote.lookup, LOOKUP_ANSWER), LOOKUP_ANSWER), staging / "answer")
+        answer = ids.mapInArrow(_per_partition(remote.lookup, LOOKUP_ANSWER), LOOKUP_ANSWER)
+        return materialize(answer, staging / "answer")
     return _via_driver(spark, registry.lookup(stage(ids, staging / "ids")), LOOKUP_ANSWER, staging / "answer")
 
 

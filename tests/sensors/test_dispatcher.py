@@ -70,7 +70,8 @@ def test_a_backlog_is_cut_into_catch_up_work_units(tmp_path, instance):
         sensor = log_dispatcher("dc1", "click", str(tmp_path / name))
         requests = evaluate(sensor, instance, pacing_max_hold_seconds=0, click_work_unit_bytes=1000,
                             click_catch_up_work_unit_bytes=catch_up).run_requests
-        return [sum(r["end"] - r["start"] for r in q.run_config["ops"]["join_clicks"]["config"]["ranges"]) for q in requests]
+        ranges = [q.run_config["ops"]["join_clicks"]["config"]["ranges"] for q in requests]
+        return [sum(r["end"] - r["start"] for r in unit) for unit in ranges]
 
     normal = unit_sizes("normal", 0)
     backlog = sum(normal)
