@@ -38,6 +38,9 @@ CURSOR_VERSION = 1
 # Level of a run's console log (its events are stored in the instance whatever the level).
 RUN_LOG_LEVEL_ENV = "PHOTON_RUN_LOG_LEVEL"
 MIN_INTERVAL_SECONDS = 1  # the daemon ticks at most every 5 s anyway; `photon run` ticks faster
+# A backlog of this many normal work units is cut into catch-up units: a run's fixed cost (Delta
+# commits, snapshots, statistics) is then paid once per catch-up unit, not per normal unit.
+CATCH_UP_AFTER_UNITS = 4
 JOBS = {"query": (INGEST_QUERIES_JOB, "ingest_query_logs"), "click": (JOIN_CLICKS_JOB, "join_clicks")}
 
 
@@ -119,12 +122,13 @@ def pace_clicks(
 
 
 def work_unit_bytes(stream: str, backlog_bytes: int, settings: PipelineSettings) -> int:
-    """Size of the work units cut now: the catch-up size while at least that much is waiting."""
+    """Size of the work units cut now: up to the catch-up size while at least `CATCH_UP_AFTER_UNITS`
+    normal work units' worth is waiting (a backlog, or a pipeline that fell behind)."""
     if stream == "query":
         normal, catch_up = settings.query_work_unit_bytes, settings.query_catch_up_work_unit_bytes
     else:
         normal, catch_up = settings.click_work_unit_bytes, settings.click_catch_up_work_unit_bytes
-    return catch_up if catch_up > normal and backlog_bytes >= catch_up else normal
+    return catch_up if catch_up > normal and backlog_bytes >= CATCH_UP_AFTER_UNITS * normal else normal
 
 
 def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:

@@ -64,21 +64,26 @@ def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, ins
 def test_a_backlog_is_cut_into_catch_up_work_units(tmp_path, instance):
     lines = [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i) for i in range(40)]
 
-    def unit_sizes(name: str, catch_up: int) -> list[int]:
+    def unit_sizes(name: str, normal: int, catch_up: int) -> list[int]:
         # Each variant in its own data dir: work units, once cut, are durable.
         write_lines(tmp_path / name / "logs" / "dc1" / "click" / "w1" / "00000.jsonl", lines)
         sensor = log_dispatcher("dc1", "click", str(tmp_path / name))
-        requests = evaluate(sensor, instance, pacing_max_hold_seconds=0, click_work_unit_bytes=1000,
+        requests = evaluate(sensor, instance, pacing_max_hold_seconds=0, click_work_unit_bytes=normal,
                             click_catch_up_work_unit_bytes=catch_up).run_requests
         ranges = [q.run_config["ops"]["join_clicks"]["config"]["ranges"] for q in requests]
         return [sum(r["end"] - r["start"] for r in unit) for unit in ranges]
 
-    normal = unit_sizes("normal", 0)
+    normal = unit_sizes("normal", 1000, 0)
     backlog = sum(normal)
-    catching_up = unit_sizes("catching_up", backlog // 2)
-    assert sum(catching_up) == backlog and max(normal) <= 1000
+    assert max(normal) <= 1000 and len(normal) >= 4
+    catching_up = unit_sizes("catching_up", 1000, backlog // 2)
+    assert sum(catching_up) == backlog
     assert len(catching_up) in (2, 3) and max(catching_up) > 1000
-    assert unit_sizes("not_enough_waiting", backlog + 1) == normal
+    # A catch-up size above the backlog: the whole backlog is one work unit.
+    assert unit_sizes("all_in_one", 1000, backlog * 2) == [backlog]
+    # Fewer than four normal units waiting: normal units, whatever the catch-up size.
+    few = backlog // 3 + 200
+    assert unit_sizes("not_enough_waiting", few, backlog * 2) == unit_sizes("few_normal", few, 0)
 
 
 def test_query_dispatcher_targets_the_ingest_job(tmp_path, instance):
