@@ -21,7 +21,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_ops.parse import CHUNK_FIELDS, parse_chunks, events
+from spark_ops.parse import LOOKUP_CHUNK_FIELDS, events, parse_chunks
 from spark_ops.schemas import PARSED, arrow_schema
 from spark_ops.tables import table_lock
 
@@ -136,6 +136,13 @@ class EventStore:
             F.col("timestamp_us").between(bounds["low"] - CACHE_SLACK_US, bounds["high"] + CACHE_SLACK_US)
         )
 
+    def _range_bytes(self, ranges: DataFrame) -> tuple[int, int]:
+        """(ranges, bytes) the logs tier reads: a range past a writer's last map entry ends at most
+        at the end of its file. One row per range reaches the driver."""
+        spans = ranges.select("file", "start", "end").collect()
+        sizes = {f: (self.query_dir / f).stat().st_size for f in {r["file"] for r in spans}}
+        return len(spans), sum(max(0, min(r["end"], sizes[r["file"]]) - r["start"]) for r in spans)
+
     def _logs_tier(self, misses: DataFrame) -> DataFrame:
         spark = misses.sparkSession
         wanted = misses.select("click_id", "query_id", *event_id_parts("query_id")).where(F.col("query_ts").isNotNull())
@@ -163,7 +170,11 @@ class EventStore:
             .withColumn("end", F.coalesce("next", F.col("start") + self.open_range_bytes))
             .drop("next")
         )
-        ranges = needed.select("file", "start", "end").distinct()
+        # Each range is read once, for all the query ids looked up in it; only lines that may hold
+        # one of them are parsed.
+        ranges = self._keep(
+            needed.groupBy("file", "start", "end").agg(F.collect_set("query_id").alias("wanted"))
+        )
         prefix = str(self.query_dir) + "/"
         chunks = ranges.select(
             F.concat(F.lit(prefix), "file").alias("path"),
@@ -172,16 +183,15 @@ class EventStore:
             F.col("start").alias("chunk_start"),
             F.col("end").alias("chunk_end"),
             F.lit(True).alias("owns_first_line"),
+            "wanted",
         ).repartition(spark.sparkContext.defaultParallelism)
         schema = PARSED["query"]
         lines = self._keep(
-            chunks.select(*CHUNK_FIELDS.fieldNames()).mapInArrow(
+            chunks.select(*LOOKUP_CHUNK_FIELDS.fieldNames()).mapInArrow(
                 parse_chunks("query", self.max_line_bytes, arrow_schema(schema)), schema
             )
         )
-        totals = lines.agg(F.coalesce(F.sum("length"), F.lit(0)).alias("bytes")).first()
-        self.stats.logs_bytes_read = totals["bytes"]
-        self.stats.logs_ranges_read = ranges.count()
+        self.stats.logs_ranges_read, self.stats.logs_bytes_read = self._range_bytes(ranges)
         # Lines that do not parse were quarantined when the query work unit ingested them.
         found = query_struct(events(lines)).dropDuplicates(["query_id"])
         return (

@@ -31,6 +31,10 @@ CHUNK_FIELDS = T.StructType(
         T.StructField("owns_first_line", T.BooleanType()),
     ]
 )
+# A chunk of a lookup also names the query ids it is read for (the EventStore's logs tier).
+LOOKUP_CHUNK_FIELDS = T.StructType(
+    CHUNK_FIELDS.fields + [T.StructField("wanted", T.ArrayType(T.StringType()))]
+)
 ROWS_PER_BATCH = 8192
 SNIPPET_CHARS = 200
 
@@ -75,7 +79,15 @@ def _chunk_lines(chunk: dict, max_line_bytes: int) -> Iterator[tuple[int, bytes,
             pos += length
 
 
+def _may_hold(line: bytes, ids: list[bytes]) -> bool:
+    """Whether a line may be the event of one of `ids`: its id appears in it literally, or escaped
+    (JSON allows escaping any character of a string, and an escape needs a backslash)."""
+    return b"\\" in line or any(i in line for i in ids)
+
+
 def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
+    """mapInArrow function: chunks to parsed lines. A chunk with a `wanted` list yields only the
+    lines that may be the events of those ids, and parses only those."""
     parse = PARSERS[stream]
     n_event_fields = len(schema) - 5  # file, offset, length, reason, snippet follow the event
 
@@ -92,7 +104,10 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
 
         for batch in batches:
             for chunk in batch.to_pylist():
+                wanted = [w.encode() for w in chunk["wanted"]] if "wanted" in chunk else None
                 for offset, line, length in _chunk_lines(chunk, max_line_bytes):
+                    if wanted is not None and not _may_hold(line, wanted):
+                        continue
                     reason = snippet = None
                     try:
                         if length - 1 > max_line_bytes:  # `line` holds only its first bytes

@@ -1,5 +1,6 @@
 """The EventStore's two tiers, the cache's retention, and pending clicks up to unjoinable."""
 
+import json
 import time
 
 from pyspark.sql import functions as F
@@ -79,6 +80,24 @@ def test_queries_older_than_the_cache_are_found_through_the_log_file_map(tmp_pat
     # Each lookup read at most the W = 10 s of log between two map entries, not whole files.
     line = len((query_dir / "a" / "0.jsonl").read_bytes().splitlines()[0]) + 1
     assert stats.logs_ranges_read == 5 and stats.logs_bytes_read <= 5 * 11 * line
+    event_store.release()
+
+
+def test_the_logs_tier_parses_only_lines_that_may_hold_a_wanted_id_and_finds_escaped_ids(tmp_path, spark):
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    lines = [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(30)]
+    # A valid line whose query id is written with JSON escapes: its id is not in the raw bytes.
+    escaped = json.dumps(lines[12]).replace(qid("10.1.0.1:7", 12), qid("10.1.0.1:7", 12).replace(":", "\\u003a"))
+    assert qid("10.1.0.1:7", 12) not in escaped
+    write_lines(query_dir / "a" / "0.jsonl", lines[:12] + [escaped] + lines[13:])
+    # Nothing in the cache tier: every lookup goes through the log file map.
+    ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", cache_since_us=T0 + 100 * SECOND)
+    wanted = {"c1": qid("10.1.0.1:7", 12), "c2": qid("10.1.0.1:7", 15)}
+    event_store = store(spark, tables, query_dir)
+    found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, [click(cid(c), q, T0) for c, q in wanted.items()]))
+    assert {name(r.click_id): r.query.query_id for r in found.collect()} == wanted and not_found.count() == 0
+    assert event_store.stats.logs_hits == 2
     event_store.release()
 
 

@@ -1,7 +1,11 @@
+import json
+
+import pyarrow as pa
 import pytest
 
-from spark_ops.parse import ByteRange, events, parse_ranges, quarantined
-from tests.conftest import click, write_lines
+from spark_ops.parse import LOOKUP_CHUNK_FIELDS, ByteRange, events, parse_chunks, parse_ranges, quarantined
+from spark_ops.schemas import PARSED, arrow_schema
+from tests.conftest import click, query, write_lines
 
 GOOD = [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i, note="x" * (i * 7)) for i in range(12)]
 BAD = ["garbage{", '{"click_id": "10.0.0.1:1:1", "timestamp_us": "abc"}', "z" * 400]
@@ -31,3 +35,16 @@ def test_ranges_read_only_their_bytes_and_quarantine_records_where(spark, tmp_pa
     [bad] = quarantined(parsed, "dc1", "click", "u1").collect()
     assert (bad.file, bad.offset, bad.length, bad.reason) == ("w/0.jsonl", start + len(lines[2]), 9, "not JSON")
     assert (bad.dc, bad.stream, bad.work_unit, bad.snippet) == ("dc1", "click", "u1", "garbage{")
+
+
+def test_a_lookup_chunk_parses_only_the_lines_that_may_hold_its_ids(tmp_path):
+    ids = [f"10.0.0.1:1:{i}" for i in range(6)]
+    lines = [json.dumps(query(i, 1)) for i in ids]
+    lines[4] = lines[4].replace('"q ', '"a \\\\ backslash ')  # some escape: it might be any id
+    path = write_lines(tmp_path / "0.jsonl", lines)
+    chunk = {"path": str(path), "file": "0.jsonl", "range_end": path.stat().st_size, "chunk_start": 0,
+             "chunk_end": path.stat().st_size, "owns_first_line": True, "wanted": [ids[1], ids[3]]}
+    assert set(chunk) == set(LOOKUP_CHUNK_FIELDS.fieldNames())
+    batch = pa.RecordBatch.from_pylist([chunk])
+    out = pa.Table.from_batches(list(parse_chunks("query", 65536, arrow_schema(PARSED["query"]))([batch])))
+    assert out.column("query_id").to_pylist() == [ids[1], ids[3], ids[4]]
