@@ -18,10 +18,10 @@ class PipelineSettings(dg.ConfigurableResource):
     click_work_unit_bytes: int = 4 << 20
     query_work_unit_bytes: int = 32 << 20
     # Catching up (at least four normal work units' worth waiting at a tick): work units of up to
-    # this size instead, so that a run's fixed cost is paid per 64/256 MB rather than per 4/32 MB.
+    # this size instead, so that a run's fixed cost is paid per 64/128 MB rather than per 4/32 MB.
     # 0: never.
     click_catch_up_work_unit_bytes: int = 64 << 20
-    query_catch_up_work_unit_bytes: int = 256 << 20
+    query_catch_up_work_unit_bytes: int = 128 << 20
     # Log file map (Photon §3.4.2): an entry every W seconds of event time or M bytes of log.
     log_file_map_every_seconds: int = 10
     log_file_map_every_bytes: int = 1 << 20

@@ -74,9 +74,8 @@ def ingest_queries(
     append_once(cached, "query_logs", tables["query_logs"], f"query_logs/{work_unit}")
     entries = _with_unit(log_file_map_entries(queries, map_every_seconds, map_every_bytes), dc, work_unit)
     append_once(entries, "log_file_map", tables["log_file_map"], f"log_file_map/{work_unit}")
-    append_once(quarantined(parsed, dc, "query", work_unit), "quarantined_lines",
-                tables["quarantined_lines"], f"quarantine/{work_unit}")
     stats = _line_stats(parsed)
+    _quarantine(parsed, stats, dc, "query", work_unit, tables)
     stats.map_entries = entries.count()
     return stats
 
@@ -86,9 +85,17 @@ def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, tables: dict[str, 
     `parsed` and joins its events next."""
     append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"],
                 f"click_ledger/{work_unit}")
-    append_once(quarantined(parsed, dc, "click", work_unit), "quarantined_lines",
-                tables["quarantined_lines"], f"quarantine/{work_unit}")
-    return _line_stats(parsed)
+    stats = _line_stats(parsed)
+    _quarantine(parsed, stats, dc, "click", work_unit, tables)
+    return stats
+
+
+def _quarantine(parsed: DataFrame, stats: IngestStats, dc: str, stream: str, work_unit: str,
+                tables: dict[str, str]) -> None:
+    # Most work units have no bad line, and an empty Delta commit still costs a second.
+    if stats.quarantined:
+        append_once(quarantined(parsed, dc, stream, work_unit), "quarantined_lines",
+                    tables["quarantined_lines"], f"quarantine/{work_unit}")
 
 
 def _line_stats(parsed: DataFrame) -> IngestStats:

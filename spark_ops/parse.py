@@ -89,39 +89,36 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
     """mapInArrow function: chunks to parsed lines. A chunk with a `wanted` list yields only the
     lines that may be the events of those ids, and parses only those."""
     parse = PARSERS[stream]
-    n_event_fields = len(schema) - 5  # file, offset, length, reason, snippet follow the event
+    no_event = (None,) * (len(schema) - 5)  # file, offset, length, reason, snippet follow the event
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        columns: list[list] = [[] for _ in schema]
+        rows: list[tuple] = []
 
         def flush() -> pa.RecordBatch:
+            columns = zip(*rows)
             batch = pa.RecordBatch.from_arrays(
                 [pa.array(col, type=field.type) for col, field in zip(columns, schema)], schema=schema
             )
-            for col in columns:
-                col.clear()
+            rows.clear()
             return batch
 
         for batch in batches:
             for chunk in batch.to_pylist():
+                file = chunk["file"]
                 wanted = [w.encode() for w in chunk["wanted"]] if "wanted" in chunk else None
                 for offset, line, length in _chunk_lines(chunk, max_line_bytes):
                     if wanted is not None and not _may_hold(line, wanted):
                         continue
-                    reason = snippet = None
                     try:
                         if length - 1 > max_line_bytes:  # `line` holds only its first bytes
                             raise BadLine(f"line of {length - 1} bytes exceeds the limit of {max_line_bytes}")
-                        values = parse(line, max_line_bytes)
+                        rows.append((*parse(line, max_line_bytes), file, offset, length, None, None))
                     except BadLine as bad:
-                        values = (None,) * n_event_fields
-                        reason = str(bad)
                         snippet = line[:SNIPPET_CHARS].decode("utf-8", errors="replace")
-                    for col, value in zip(columns, (*values, chunk["file"], offset, length, reason, snippet)):
-                        col.append(value)
-                    if len(columns[0]) >= ROWS_PER_BATCH:
+                        rows.append((*no_event, file, offset, length, str(bad), snippet))
+                    if len(rows) >= ROWS_PER_BATCH:
                         yield flush()
-        if columns[0]:
+        if rows:
             yield flush()
 
     return run
