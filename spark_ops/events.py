@@ -27,12 +27,16 @@ def _is_int(value) -> bool:
     return type(value) is int and -INT64_MAX - 1 <= value <= INT64_MAX
 
 
+def _of_kind(value, kind: type) -> bool:
+    # json.loads builds exact types, so `type(...) is` is isinstance here, and faster.
+    return _is_int(value) if kind is int else type(value) is kind
+
+
 def _require(obj: dict, name: str, kind: type):
     if name not in obj:
         raise BadLine(f"missing field {name}")
     value = obj[name]
-    ok = _is_int(value) if kind is int else isinstance(value, kind)
-    if not ok:
+    if not _of_kind(value, kind):
         raise BadLine(f"field {name} is not {'an integer' if kind is int else kind.__name__}")
     return value
 
@@ -69,27 +73,23 @@ def _extra(obj: dict, required: tuple[str, ...]) -> str | None:
     return _EXTRA_ENCODER.encode(rest) if rest else None
 
 
-def _is_str(value) -> bool:
-    return type(value) is str  # json.loads builds exact types, so this is isinstance(value, str)
-
-
 def _plain_ads(ads) -> bool:
     """Whether every entry of a list is a valid ad (the fast path's test; the checks in
     parse_query define the contract and give the reason)."""
     for ad in ads:
         if type(ad) is not dict:
             return False
-        if not (_is_str(ad.get("ad_id")) and _is_str(ad.get("advertiser_id"))
-                and _is_int(ad.get("position")) and _is_int(ad.get("bid_micros"))):
-            return False
+        for name, kind in AD_REQUIRED.items():
+            if not _of_kind(ad.get(name), kind):
+                return False
     return True
 
 
 def _fast_query(obj: dict) -> tuple | None:
     """parse_query's answer for a valid query, in fewer steps; None for anything else."""
     query_id, ads = obj.get("query_id"), obj.get("ads")
-    match = EVENT_ID.match(query_id) if _is_str(query_id) else None
-    if not (match and _is_int(obj.get("timestamp_us")) and _is_str(obj.get("query_text"))
+    match = EVENT_ID.match(query_id) if type(query_id) is str else None
+    if not (match and _is_int(obj.get("timestamp_us")) and type(obj.get("query_text")) is str
             and type(ads) is list and _plain_ads(ads)):
         return None
     ads = [ad if len(ad) == len(AD_REQUIRED) else {name: ad[name] for name in AD_REQUIRED} for ad in ads]
@@ -121,9 +121,9 @@ def parse_click(raw: bytes, max_line_bytes: int) -> tuple:
     """(click_id, query_id, timestamp_us, ad_id, advertiser_id, cost_micros, extra)"""
     obj = _load(raw, max_line_bytes)
     click_id, query_id = obj.get("click_id"), obj.get("query_id")
-    if (_is_str(click_id) and _is_str(query_id) and EVENT_ID.match(click_id) and EVENT_ID.match(query_id)
-            and _is_int(obj.get("timestamp_us")) and _is_str(obj.get("ad_id"))
-            and _is_str(obj.get("advertiser_id")) and _is_int(obj.get("cost_micros"))):
+    if (type(click_id) is str and type(query_id) is str and EVENT_ID.match(click_id) and EVENT_ID.match(query_id)
+            and _is_int(obj.get("timestamp_us")) and type(obj.get("ad_id")) is str
+            and type(obj.get("advertiser_id")) is str and _is_int(obj.get("cost_micros"))):
         return (click_id, query_id, obj["timestamp_us"], obj["ad_id"], obj["advertiser_id"], obj["cost_micros"],
                 _extra(obj, CLICK_REQUIRED))
     click_id = _require(obj, "click_id", str)
