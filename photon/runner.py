@@ -29,6 +29,7 @@ from dagster._core.remote_origin import InProcessCodeLocationOrigin
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+import dagster._daemon.sensor as sensor_daemon
 from dagster._daemon.sensor import execute_sensor_iteration
 
 from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
@@ -269,6 +270,27 @@ def own_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
     return sum(instance.get_runs_count(dg.RunsFilter(tags={TAG_DC: dc})) for dc in datacenters)
 
 
+# Within a pass: query work first, so that the click work cut next finds those queries ingested
+# (pacing cuts click lines up to the query stream's progress), then pending-click retries.
+PASS_ORDER = ("query_log_dispatcher_", "click_log_dispatcher_", "pending_click_dispatcher_")
+
+
+def pass_order(sensors, key) -> list:
+    """Replaces the daemon's shuffle of the sensors of a pass (there for fairness between code
+    locations; `photon run` has one) by PASS_ORDER."""
+    return sorted(sensors, key=lambda s: (next((i for i, p in enumerate(PASS_ORDER) if s.name.startswith(p)), 99), s.name))
+
+
+@contextmanager
+def ordered_pass():
+    shuffle = sensor_daemon.shuffled_round_robin_by_key
+    sensor_daemon.shuffled_round_robin_by_key = pass_order
+    try:
+        yield
+    finally:
+        sensor_daemon.shuffled_round_robin_by_key = shuffle
+
+
 def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
           min_seconds: float = 0.0) -> None:
     """Sensor passes until two in a row launch nothing and nothing of these datacenters waits, and
@@ -279,10 +301,11 @@ def drain(instance, context, sensors, layout, datacenters, log, started, timeout
             raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
         pass_started = time.monotonic()
         before = own_runs(instance, datacenters)
-        for _ in execute_sensor_iteration(
-            context, log.getChild("sensors"), threadpool_executor=None, submit_threadpool_executor=None
-        ):
-            pass
+        with ordered_pass():
+            for _ in execute_sensor_iteration(
+                context, log.getChild("sensors"), threadpool_executor=None, submit_threadpool_executor=None
+            ):
+                pass
         launched = own_runs(instance, datacenters) - before
         retrying = [u for u in work_units_awaiting_retry(instance) if u.split(".")[0] in datacenters]
         waiting = retrying or dispatchers_waiting(instance, sensors, layout, datacenters)
@@ -329,7 +352,7 @@ def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: Dat
     for sensor in sensors:
         state = instance.get_instigator_state(sensor.get_remote_origin_id(), sensor.selector_id)
         cursor = state.instigator_data.cursor if state and state.instigator_data else None
-        if cursor and json.loads(cursor).get("held_since") is not None:
+        if cursor and json.loads(cursor).get("held"):
             waiting.append(f"{sensor.name}: pacing")
     given_up = work_units_failed_for_good(instance)
     for dc in datacenters:

@@ -48,7 +48,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     return summary
 
 
-EVENT_STORE_KEYS = ("cache_hits", "logs_hits", "not_found", "logs_ranges_read", "logs_bytes_read")
+EVENT_STORE_KEYS = ("cache_hits", "logs_hits", "not_found", "not_ingested_yet", "logs_ranges_read", "logs_bytes_read")
 # Per datacenter: clicks looked up, skipped because another work unit had registered them (the
 # dispatcher lookup), joined, and wasted joins (joined, then refused by the registry).
 JOINER_KEYS = ("clicks", "skipped_registered", "joined", "refused")

@@ -34,7 +34,10 @@ def pending_policy(progress: QueryProgress, settings: PipelineSettings) -> Pendi
     )
 
 
-def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, dc: str, settings: PipelineSettings):
+def event_store(
+    session, tables: dict[str, str], warehouse: WarehouseResource, dc: str, settings: PipelineSettings,
+    progress: QueryProgress,
+):
     in_dc = F.col("dc") == dc
     return EventStore(
         cache=read_table(session, "query_logs", tables["query_logs"]).where(in_dc),
@@ -43,6 +46,7 @@ def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, d
         map_every_seconds=settings.log_file_map_every_seconds,
         map_every_bytes=settings.log_file_map_every_bytes,
         max_line_bytes=settings.max_line_bytes,
+        ingested_until={writer: w.max_ts for writer, w in progress.writers.items()},
     )
 
 
@@ -93,7 +97,8 @@ def join_clicks(
     ingest = IngestStats()
     parsed = None
     # Read before the EventStore's tables: the progress never claims more than they hold.
-    policy = pending_policy(QueryProgress.load(warehouse.layout.query_progress_file(config.dc)), settings)
+    progress = QueryProgress.load(warehouse.layout.query_progress_file(config.dc))
+    policy = pending_policy(progress, settings)
     try:
         if config.kind == PENDING:
             waiting = read_table(session, "pending_clicks", tables["pending_clicks"]).where(F.col("dc") == config.dc)
@@ -108,7 +113,7 @@ def join_clicks(
         stats = join_work_unit(
             session,
             clicks,
-            event_store(session, tables, warehouse, config.dc, settings),
+            event_store(session, tables, warehouse, config.dc, settings, progress),
             registry.get(),
             config.token,
             config.dc,

@@ -44,10 +44,11 @@ class PipelineSettings(dg.ConfigurableResource):
     # progress and has been looked up at least this many times.
     unjoinable_after_seconds: float = 86400.0
     unjoinable_min_attempts: int = 2
-    # Pacing (Facebook §5.2): click work waits while it is ahead of the query logs by more than the
-    # margin, for at most max_hold (a stalled query stream must not stop clicks for good); 0 turns
-    # pacing off.
-    pacing_margin_seconds: float = 300.0
+    # Pacing (Facebook §5.2): while query data waits to be ingested, click lines more than the
+    # margin ahead of the query stream's progress are not cut yet (their queries would not be found
+    # and they would go pending); lines held at the same place for max_hold are released (a bogus
+    # future timestamp must not hold a file for good); max_hold 0 turns pacing off.
+    pacing_margin_seconds: float = 0.0
     pacing_max_hold_seconds: float = 600.0
 
 

@@ -32,7 +32,7 @@ from photon_assets.work_unit import (
 from resources.settings import PipelineSettings
 from sensors.retries import plan_retries, work_units_failed_for_good, work_units_in_flight
 from sensors.stream_state import PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
-from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, new_ranges
+from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, new_ranges
 
 CURSOR_VERSION = 1
 # Level of a run's console log (its events are stored in the instance whatever the level).
@@ -90,35 +90,62 @@ def earliest_timestamp_us(stream_dir: Path, ranges: list[tuple[str, int, int]], 
 
 @dataclass(frozen=True)
 class Pacing:
-    hold: bool
+    ranges: list[tuple[str, int, int]]  # the click lines to cut now
+    held: dict[str, list]  # file -> [offset of its first held line, held there since]
     reason: str = ""
     ahead_seconds: float | None = None
 
 
+def query_data_waiting(layout: DataLayout, dc: str, instance: dg.DagsterInstance) -> bool:
+    """Whether query data that will advance the query stream's progress waits: complete lines not
+    cut into work units yet, or query work units not finished (running, or to be retried)."""
+    cut = WorkUnitLog.load(layout.dispatcher_state / dc / "query.jsonl")
+    if new_ranges(layout.stream_dir(dc, "query"), cut.next_offsets()):
+        return True
+    return any(unit.startswith(f"{dc}.query.") for unit in work_units_in_flight(instance))
+
+
 def pace_clicks(
-    layout: DataLayout, dc: str, ranges: list[tuple[str, int, int]], held_since: float | None,
-    settings: PipelineSettings, now: float,
+    layout: DataLayout, dc: str, ranges: list[tuple[str, int, int]], held_before: dict[str, list],
+    query_waiting: bool, settings: PipelineSettings, now: float,
 ) -> Pacing:
-    """Stream synchronisation (Facebook §5.2): click work waits while even its oldest new click is
-    ahead of the query logs' progress by more than the margin, for at most `pacing_max_hold_seconds`."""
-    if not ranges or settings.pacing_max_hold_seconds <= 0:
-        return Pacing(False)
-    click_ts = earliest_timestamp_us(layout.stream_dir(dc, "click"), ranges, settings.max_line_bytes)
-    query_ts = QueryProgress.load(layout.query_progress_file(dc)).max_ts
-    if click_ts is None:
-        return Pacing(False)
-    ahead = None if query_ts is None else (click_ts - query_ts) / 1e6
-    if ahead is not None and ahead <= settings.pacing_margin_seconds:
-        return Pacing(False)
-    if held_since is not None and now - held_since >= settings.pacing_max_hold_seconds:
-        return Pacing(False, f"released after holding {now - held_since:.0f} s: the query logs are stalled", ahead)
-    behind = "have no queries yet" if ahead is None else f"are {ahead:.0f} s behind"
-    return Pacing(
-        True,
-        f"pacing: the query logs of {dc} {behind} the new clicks (margin {settings.pacing_margin_seconds:.0f} s); "
-        "holding click work back",
-        ahead,
-    )
+    """Stream synchronisation (Facebook §5.2): while query data that will advance the query
+    stream's progress waits, click lines more than `pacing_margin_seconds` ahead of that progress
+    are not cut yet. Cut now, their queries would not be found and they would take the longer way
+    through pending-click retries. A file's held lines are released once they have been held at
+    the same place for `pacing_max_hold_seconds` (a bogus future timestamp must not hold a file for
+    good); nothing is held while no query data waits (a stalled or lagging query stream)."""
+    if not ranges or settings.pacing_max_hold_seconds <= 0 or not query_waiting:
+        return Pacing(ranges, {})
+    stream_dir = layout.stream_dir(dc, "click")
+    progress = QueryProgress.load(layout.query_progress_file(dc)).max_ts
+    bound = None if progress is None else progress + int(settings.pacing_margin_seconds * 1e6)
+    cut_ranges, held, released = [], {}, []
+    for file, start, end in ranges:
+        cut = start if bound is None else event_time_cut(stream_dir / file, start, end, bound, settings.max_line_bytes)
+        if cut < end:
+            offset, since = held_before.get(file, (None, now))
+            since = since if offset == cut else now
+            if now - since >= settings.pacing_max_hold_seconds:
+                released.append(file)
+                cut = end
+            else:
+                held[file] = [cut, since]
+        if cut > start:
+            cut_ranges.append((file, start, cut))
+    if released:
+        reason = f"released click lines of {len(released)} file(s) held for {settings.pacing_max_hold_seconds:.0f} s"
+    elif held:
+        behind = "have no queries yet" if progress is None else "are behind"
+        reason = (f"pacing: the query logs of {dc} {behind} the click lines of {len(held)} file(s) "
+                  f"(margin {settings.pacing_margin_seconds:.0f} s); holding those lines back")
+    else:
+        reason = ""
+    ahead = None
+    if held and progress is not None:
+        first = earliest_timestamp_us(stream_dir, [(f, o, 0) for f, (o, _) in held.items()], settings.max_line_bytes)
+        ahead = None if first is None else (first - progress) / 1e6
+    return Pacing(cut_ranges, held, reason, ahead)
 
 
 def work_unit_bytes(stream: str, backlog_bytes: int, settings: PipelineSettings) -> int:
@@ -141,32 +168,32 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=f"Tails logs/{dc}/{stream}/: new complete lines become work units (one run each); "
         "failed work units are retried under a new run key with backoff."
-        + (" Click work is held back while the query logs lag (pacing)." if stream == "click" else ""),
+        + (" Click lines ahead of the query stream's progress wait while query data is being ingested "
+           "(pacing)." if stream == "click" else ""),
     )
     def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
-        cursor = read_cursor(context.cursor, requested=0, held_since=None, paced_ticks=0)
+        cursor = read_cursor(context.cursor, requested=0, held={}, paced_ticks=0)
+        cursor.pop("held_since", None)  # the whole-tick hold of earlier versions
         layout = DataLayout(Path(data_dir))
         log = WorkUnitLog.load(layout.dispatcher_state / dc / f"{stream}.jsonl")
         stream_dir = layout.stream_dir(dc, stream)
         ranges = new_ranges(stream_dir, log.next_offsets())
+        observations, hold_reason = [], ""
+        if stream == "click":
+            waiting = bool(ranges) and query_data_waiting(layout, dc, context.instance)
+            pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time())
+            if pacing.held and not cursor["held"]:
+                context.log.info(pacing.reason)
+                observations.append(pacing_observation(dc, True, pacing.ahead_seconds))
+            elif cursor["held"] and not pacing.held:
+                context.log.info(f"pacing: no click lines of {dc} held any more. {pacing.reason}")
+                observations.append(pacing_observation(dc, False, pacing.ahead_seconds))
+            cursor["paced_ticks"] += bool(pacing.held)
+            cursor["held"] = pacing.held
+            ranges, hold_reason = pacing.ranges, pacing.reason
         max_bytes = work_unit_bytes(stream, sum(end - start for _, start, end in ranges), settings)
-        now = time.time()
-        pacing = pace_clicks(layout, dc, ranges, cursor["held_since"], settings, now) if stream == "click" else Pacing(False)
-        observations = []
-        if pacing.hold:
-            if cursor["held_since"] is None:
-                context.log.warning(pacing.reason)
-                observations.append(pacing_observation(dc, True, pacing.ahead_seconds, 0.0))
-                cursor["held_since"] = now
-            cursor["paced_ticks"] += 1
-        else:
-            if cursor["held_since"] is not None:
-                held = now - cursor["held_since"]
-                context.log.info(f"pacing: click work of {dc} released after {held:.0f} s. {pacing.reason}")
-                observations.append(pacing_observation(dc, False, pacing.ahead_seconds, held))
-                cursor["held_since"] = None
-            # Recorded durably before any run is requested: a crash in between re-requests the same units.
-            log.append(cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units)))
+        # Recorded durably before any run is requested: a crash in between re-requests the same units.
+        log.append(cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units)))
         fresh: list[WorkUnit] = log.units[cursor["requested"]:]
         requests = [work_unit_request(dc, stream, LOG_RANGES, u.id, u.ranges) for u in fresh]
         retries = plan_retries(context.instance, job_name, dc, settings)
@@ -175,7 +202,7 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
             context.log.error(f"work units failed {settings.max_attempts} times: {retries.exhausted}")
         skip = None
         if not requests:
-            skip = pacing.reason if pacing.hold else f"no new complete lines in logs/{dc}/{stream}/"
+            skip = hold_reason or f"no new complete lines in logs/{dc}/{stream}/"
             if retries.waiting:
                 skip += f"; {len(retries.waiting)} failed work unit(s) waiting for their retry backoff"
         return dg.SensorResult(
@@ -188,7 +215,7 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
     return _dispatcher
 
 
-def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None, held_seconds: float) -> dg.AssetObservation:
+def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None) -> dg.AssetObservation:
     """The pacing metric, on the click ledger's timeline in the UI."""
     return dg.AssetObservation(
         asset_key="click_ledger",
@@ -196,7 +223,6 @@ def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None, held
             "dc": dc,
             "pacing_holding": holding,
             "clicks_ahead_of_queries_seconds": dg.FloatMetadataValue(ahead_seconds),
-            "held_seconds": round(held_seconds, 1),
         },
     )
 

@@ -150,3 +150,55 @@ def cut_work_units(
             close()
     close()
     return units
+
+
+def _line_timestamp(line: bytes) -> int | None:
+    try:
+        ts = json.loads(line)["timestamp_us"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return ts if type(ts) is int else None
+
+
+def event_time_cut(path: Path, start: int, end: int, bound_us: int, max_line_bytes: int) -> int:
+    """Where `[start, end)` of a log file stops holding events no later than `bound_us`: the start
+    of its first line past the bound, found by binary search (a writer logs in increasing timestamp
+    order, roughly: a line out of order only moves the cut). Lines without a timestamp never stop
+    the cut; the parser quarantines them."""
+
+    def read(pos: int) -> tuple[int | None, int]:
+        """(timestamp or None, next line start) of the line at `pos`."""
+        f.seek(pos)
+        line = f.readline(max_line_bytes + 1)
+        return _line_timestamp(line), pos + len(line) if line.endswith(b"\n") else next_line_start(path, pos, end)
+
+    low, high = start, end  # the cut lies in [low, high]: lines before low are within the bound
+    with open(path, "rb") as f:
+        while low < high:
+            middle = (low + high) // 2
+            probe = next_line_start(path, middle - 1, high) if middle > low else low
+            if probe >= high:  # no line starts in the upper half
+                probe = low
+            ts, after = read(probe)
+            if ts is None:  # a bad line: the first line with a timestamp before `high` decides
+                pos = after
+                while pos < high and ts is None:
+                    line_start = pos
+                    ts, pos = read(pos)
+                if ts is None:
+                    high = probe
+                elif ts > bound_us:
+                    high = line_start
+                else:
+                    low = pos
+            elif ts > bound_us:
+                high = probe
+            else:
+                low = after
+        # Bad lines right at the cut go with the lines before it.
+        while low < end:
+            ts, after = read(low)
+            if ts is not None:
+                break
+            low = after
+    return low

@@ -8,7 +8,9 @@
    the entry of that writer with the largest timestamp at or below the query's starts the range to
    read, and the writer's next entry in the same file ends it (a writer logs in timestamp order, so
    the query is inside if it was logged). The misses of a batch are resolved together: each file
-   range is read once, by executors, whatever number of clicks need it.
+   range is read once, by executors, whatever number of clicks need it. A miss whose query is newer
+   than everything ingested from its writer is not read for: its query has not been ingested yet,
+   and the click waits as a pending click (spark_ops/pending.py) until the writer's progress passes it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class EventStoreStats:
     cache_hits: int = 0
     logs_hits: int = 0
     not_found: int = 0
+    not_ingested_yet: int = 0  # of not_found: the query's writer was not ingested up to its time
     logs_ranges_read: int = 0
     logs_bytes_read: int = 0
 
@@ -83,9 +86,13 @@ class EventStore:
         map_every_seconds: float,
         map_every_bytes: int,
         max_line_bytes: int,
+        ingested_until: dict[str, int] | None = None,
     ):
-        """`cache` and `log_file_map`: this datacenter's rows; `query_dir`: its raw query logs."""
+        """`cache` and `log_file_map`: this datacenter's rows; `query_dir`: its raw query logs;
+        `ingested_until`: per query writer (`server_ip:process_id`), the newest query time ingested,
+        read before the tables (QueryProgress); None reads the logs for every miss."""
         self.cache = cache
+        self.ingested_until = ingested_until
         self.log_file_map = log_file_map
         self.query_dir = query_dir
         self.window_us = int(map_every_seconds * 1_000_000)
@@ -143,9 +150,27 @@ class EventStore:
         sizes = {f: (self.query_dir / f).stat().st_size for f in {r["file"] for r in spans}}
         return len(spans), sum(max(0, min(r["end"], sizes[r["file"]]) - r["start"]) for r in spans)
 
+    def _ingested(self, wanted: DataFrame) -> DataFrame:
+        """The misses whose query time its writer's ingested progress has reached. The others'
+        queries are not in any table yet (a writer logs in timestamp order), and the raw logs past
+        the progress have no map entry to find them by; reading there would be wasted."""
+        if self.ingested_until is None:
+            return wanted
+        rows = [(*writer.rpartition(":")[::2], ts) for writer, ts in self.ingested_until.items()]
+        progress = wanted.sparkSession.createDataFrame(rows, "server_ip string, process_id string, writer_ts long")
+        kept = self._keep(
+            wanted.join(F.broadcast(progress), ["server_ip", "process_id"])
+            .where(F.col("query_ts") <= F.col("writer_ts"))
+            .drop("writer_ts")
+        )
+        self.stats.not_ingested_yet = wanted.count() - kept.count()
+        return kept
+
     def _logs_tier(self, misses: DataFrame) -> DataFrame:
         spark = misses.sparkSession
-        wanted = misses.select("click_id", "query_id", *event_id_parts("query_id")).where(F.col("query_ts").isNotNull())
+        wanted = self._ingested(
+            misses.select("click_id", "query_id", *event_id_parts("query_id")).where(F.col("query_ts").isNotNull())
+        )
         entries = self.log_file_map.select(
             "server_ip", "process_id", "file", "offset", F.col("timestamp_us").alias("entry_ts"),
             F.floor(F.col("timestamp_us") / self.window_us).alias("window"),

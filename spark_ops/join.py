@@ -65,6 +65,7 @@ class JoinStats:
     cache_hits: int = 0
     logs_hits: int = 0
     not_found: int = 0
+    not_ingested_yet: int = 0
     logs_ranges_read: int = 0
     logs_bytes_read: int = 0
     pending: int = 0

@@ -44,7 +44,7 @@ def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, ins
     assert covered["w2/00000.jsonl"] == (click_dir / "w2" / "00000.jsonl").stat().st_size
     assert all(r.tags[TAG_DC] == "dc1" and r.job_name == JOIN_CLICKS_JOB for r in first.run_requests)
     cursor = json.loads(first.cursor)
-    assert cursor == {"requested": len(keys), "held_since": None, "paced_ticks": 0, "v": 1}
+    assert cursor == {"requested": len(keys), "held": {}, "paced_ticks": 0, "v": 1}
 
     # Nothing new: nothing requested. A tick that lost its cursor re-requests the same keys.
     assert evaluate(sensor, instance, cursor=first.cursor, pacing_max_hold_seconds=0).run_requests == []
@@ -173,26 +173,47 @@ def test_retry_decision_honours_backoff_and_unjoinable_age():
     assert pending_retry_decision(aged, progress, 8).ready
 
 
-def test_pacing_holds_click_work_while_query_logs_lag_and_releases_it(tmp_path, instance):
+def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_data_waits(tmp_path, instance):
     layout = DataLayout(tmp_path)
-    write_lines(layout.stream_dir("dc1", "click") / "w" / "0.jsonl", [click("10.3.0.1:1:900000000", "q", 900_000_000)])
+    second = 1_000_000
+    click_file = layout.stream_dir("dc1", "click") / "w" / "0.jsonl"
+    write_lines(click_file, [click(f"10.3.0.1:1:{t}", "10.1.0.1:7:1", t * second) for t in (50, 150, 900)])
+    starts = [0]
+    for line in click_file.read_bytes().splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    # Query lines not cut into work units yet: the query stream's progress is about to advance.
+    write_lines(layout.stream_dir("dc1", "query") / "w" / "0.jsonl", [query("10.1.0.1:7:1", 1)])
     sensor = log_dispatcher("dc1", "click", str(tmp_path))
-    knobs = {"pacing_margin_seconds": 60, "pacing_max_hold_seconds": 3600}
+    knobs = {"pacing_max_hold_seconds": 3600}
 
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": WriterProgress(100_000_000, ["w/0.jsonl"])})
-    held = evaluate(sensor, instance, **knobs)
-    assert held.run_requests == [] and "pacing" in held.skip_reason.skip_message
-    assert json.loads(held.cursor)["held_since"] is not None and json.loads(held.cursor)["paced_ticks"] == 1
-    [observation] = held.asset_events
-    assert observation.metadata["clicks_ahead_of_queries_seconds"].value == 800.0
+    def cut(result):
+        return [(r["start"], r["end"]) for req in result.run_requests
+                for r in req.run_config["ops"]["join_clicks"]["config"]["ranges"]]
 
-    # The query logs catch up to within the margin: the work is released.
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": WriterProgress(850_000_000, ["w/0.jsonl"])})
-    released = evaluate(sensor, instance, cursor=held.cursor, **knobs)
-    assert [r.run_key for r in released.run_requests] == ["dc1.click.00000000"]
-    assert json.loads(released.cursor)["held_since"] is None
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": WriterProgress(100 * second, ["w/0.jsonl"])})
+    first = evaluate(sensor, instance, **knobs)
+    assert cut(first) == [(0, starts[1])]
+    held = json.loads(first.cursor)
+    assert held["held"]["w/0.jsonl"][0] == starts[1] and held["paced_ticks"] == 1
+    [observation] = first.asset_events
+    assert observation.metadata["clicks_ahead_of_queries_seconds"].value == 50.0
 
-    # A stalled query stream holds click work for at most pacing_max_hold_seconds.
-    write_lines(layout.stream_dir("dc1", "click") / "w" / "0.jsonl", [click("10.3.0.1:1:990000000", "q", 990_000_000)])
-    stalled = json.dumps({**json.loads(released.cursor), "held_since": 1.0})
-    assert len(evaluate(sensor, instance, cursor=stalled, **knobs).run_requests) == 1
+    # The query stream's progress passes the second click.
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": WriterProgress(850 * second, ["w/0.jsonl"])})
+    later = evaluate(sensor, instance, cursor=first.cursor, **knobs)
+    assert cut(later) == [(starts[1], starts[2])]
+    assert json.loads(later.cursor)["held"]["w/0.jsonl"][0] == starts[2]
+
+    # Lines held at the same place for pacing_max_hold_seconds go (a bogus future timestamp must not
+    # hold a file for good).
+    stale = json.dumps({**json.loads(later.cursor), "held": {"w/0.jsonl": [starts[2], 1.0]}})
+    released = evaluate(sensor, instance, cursor=stale, **knobs)
+    assert cut(released) == [(starts[2], starts[3])] and json.loads(released.cursor)["held"] == {}
+
+    # Once the query logs are all cut into work units (and no query run is unfinished), nothing
+    # could advance the progress: click lines are not held, however far ahead.
+    write_lines(click_file, [click("10.3.0.1:1:5000", "10.1.0.1:7:1", 5000 * second)])
+    assert evaluate(sensor, instance, cursor=released.cursor, **knobs).run_requests == []
+    evaluate(log_dispatcher("dc1", "query", str(tmp_path)), instance)
+    unheld = evaluate(sensor, instance, cursor=released.cursor, **knobs)
+    assert [r.run_key for r in unheld.run_requests] == ["dc1.click.00000003"]

@@ -101,6 +101,38 @@ def test_the_logs_tier_parses_only_lines_that_may_hold_a_wanted_id_and_finds_esc
     event_store.release()
 
 
+def test_a_miss_newer_than_its_writers_ingested_progress_is_not_read_from_the_logs(tmp_path, spark):
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    lines = [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(120)]
+    write_lines(query_dir / "a" / "0.jsonl", lines[:96])
+    # Queries 0-95 ingested, none of them cached: the logs tier serves every lookup.
+    progress = ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", cache_since_us=T0 + 1000 * SECOND)
+    assert progress == {"10.1.0.1:7": (T0 + 95 * SECOND, ["a/0.jsonl"])}
+    # The writer has logged on; the dispatcher has not cut that part yet.
+    write_lines(query_dir / "a" / "0.jsonl", lines[96:])
+    wanted = {"c1": qid("10.1.0.1:7", 50), "c2": qid("10.1.0.1:7", 97), "c3": qid("10.1.0.2:8", 3)}
+    clicks = [click(cid(c), q, T0 + 100 * SECOND) for c, q in wanted.items()]
+
+    # Without the progress, query 97 is found past the ingested part, by reading up to the open
+    # range's end from the last map entry.
+    blind = store(spark, tables, query_dir)
+    found, _ = blind.lookup(clicks_frame(spark, tmp_path, clicks))
+    assert {name(r.click_id) for r in found.collect()} == {"c1", "c2"}
+    blind.release()
+
+    event_store = EventStore(read_table(spark, "query_logs", tables["query_logs"]),
+                             read_table(spark, "log_file_map", tables["log_file_map"]), query_dir, 10, 4096, 65536,
+                             ingested_until={writer: ts for writer, (ts, _) in progress.items()})
+    found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, clicks))
+    assert {name(r.click_id): r.query.query_id for r in found.collect()} == {"c1": wanted["c1"]}
+    assert sorted(name(r.click_id) for r in not_found.collect()) == ["c2", "c3"]
+    stats = event_store.stats
+    # c2's writer has not been ingested up to its query's time, c3's writer not at all.
+    assert (stats.logs_hits, stats.not_found, stats.not_ingested_yet, stats.logs_ranges_read) == (1, 2, 2, 1)
+    event_store.release()
+
+
 def test_the_cache_tier_is_searched_around_the_times_the_query_ids_name(tmp_path, spark):
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}

@@ -50,3 +50,35 @@ def test_bad_ad_entry_rejects_the_query():
     bad["ads"][0]["position"] = "first"
     with pytest.raises(BadLine, match="field position is not an integer"):
         parse_query(raw(bad), LIMIT)
+
+
+def test_a_lone_surrogate_escape_is_bad_input_not_a_crash():
+    # Python's json reads it into a str that cannot be encoded as UTF-8 (Arrow, Delta).
+    line = raw(query("10.1.2.3:4242:1", 1))[:-1] + b',"s":"\\ud800 half a pair"}'
+    with pytest.raises(BadLine, match="lone surrogate"):
+        parse_query(line, 65536)
+
+
+def test_a_deeply_nested_line_is_bad_input_not_a_crash():
+    # Within the size limit, but deeper than Python's (and msgspec's) recursion allows.
+    line = raw(click("1.1.1.1:1:1", "1.1.1.1:2:1", 1))[:-1] + b',"x":' + b"[" * 20000 + b"]" * 20000 + b"}"
+    with pytest.raises(BadLine, match="JSON nested too deeply"):
+        parse_click(line, 65536)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b'{"n":NaN,"i":-Infinity}',  # Python's json accepts them; msgspec does not
+        b'{"big":123456789012345678901234567890,"neg":-18446744073709551617}',
+        b'{"f":1e16,"g":1.5e-7,"h":0.1,"huge":1e400}',  # floats are written as Python writes them
+        b'{"nested":{"a":[1,2.5,"\\u00fc",null,true]},"esc":"tab\\t quote\\" \\u2028 \\u001f"}',
+        b'{"a":1,"a":2}',
+    ],
+)
+def test_extra_fields_are_what_pythons_json_reads_and_writes(extra):
+    base = raw(query("10.1.2.3:4242:1763700000123456", 1763700000123456))
+    line = base[:-1] + b"," + extra[1:]
+    expected = {k: v for k, v in json.loads(line.decode()).items() if k not in ("query_id", "timestamp_us", "query_text", "ads")}
+    row = parse_query(line, 65536)
+    assert row[4] == json.dumps(expected, separators=(",", ":"), ensure_ascii=False)
