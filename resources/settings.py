@@ -17,7 +17,7 @@ class PipelineSettings(dg.ConfigurableResource):
     # can be larger (the primary stream is 10-100x bigger and only feeds the EventStore).
     click_work_unit_bytes: int = 4 << 20
     query_work_unit_bytes: int = 32 << 20
-    # Catching up (at least four normal work units' worth waiting at a tick): work units of up to
+    # Catching up (at least two normal work units' worth waiting at a tick): work units of up to
     # this size instead, so that a run's fixed cost is paid per 64/128 MB rather than per 4/32 MB.
     # 0: never.
     click_catch_up_work_unit_bytes: int = 64 << 20

@@ -39,8 +39,10 @@ CURSOR_VERSION = 1
 RUN_LOG_LEVEL_ENV = "PHOTON_RUN_LOG_LEVEL"
 MIN_INTERVAL_SECONDS = 1  # the daemon ticks at most every 5 s anyway; `photon run` ticks faster
 # A backlog of this many normal work units is cut into catch-up units: a run's fixed cost (Delta
-# commits, snapshots, statistics) is then paid once per catch-up unit, not per normal unit.
-CATCH_UP_AFTER_UNITS = 4
+# commits, snapshots, statistics; ~15-25 s for a click run on 2 cores) is then paid once per
+# catch-up unit, not per normal unit. Two: in a live run at 1,000 clicks/s a pass found ~12 MB of
+# click lines, which normal units cut into three runs of ~30 s each.
+CATCH_UP_AFTER_UNITS = 2
 JOBS = {"query": (INGEST_QUERIES_JOB, "ingest_query_logs"), "click": (JOIN_CLICKS_JOB, "join_clicks")}
 
 

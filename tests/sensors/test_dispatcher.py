@@ -34,7 +34,8 @@ def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, ins
     write_lines(click_dir / "w2" / "00000.jsonl", clicks[10:])
     sensor = log_dispatcher("dc1", "click", str(tmp_path))
 
-    first = evaluate(sensor, instance, click_work_unit_bytes=1200, pacing_max_hold_seconds=0)
+    first = evaluate(sensor, instance, click_work_unit_bytes=1200, click_catch_up_work_unit_bytes=0,
+                     pacing_max_hold_seconds=0)
     keys = [r.run_key for r in first.run_requests]
     assert keys == [f"dc1.click.{i:08d}" for i in range(len(keys))] and len(keys) >= 2
     ranges = [rng for r in first.run_requests for rng in r.run_config["ops"]["join_clicks"]["config"]["ranges"]]
@@ -81,8 +82,8 @@ def test_a_backlog_is_cut_into_catch_up_work_units(tmp_path, instance):
     assert len(catching_up) in (2, 3) and max(catching_up) > 1000
     # A catch-up size above the backlog: the whole backlog is one work unit.
     assert unit_sizes("all_in_one", 1000, backlog * 2) == [backlog]
-    # Fewer than four normal units waiting: normal units, whatever the catch-up size.
-    few = backlog // 3 + 200
+    # Less than two normal units' worth waiting: normal units, whatever the catch-up size.
+    few = backlog // 2 + 200
     assert unit_sizes("not_enough_waiting", few, backlog * 2) == unit_sizes("few_normal", few, 0)
 
 
