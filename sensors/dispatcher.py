@@ -32,7 +32,7 @@ from photon_assets.work_unit import (
 from resources.settings import PipelineSettings
 from sensors.retries import plan_retries, work_units_failed_for_good, work_units_in_flight
 from sensors.stream_state import PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
-from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, new_ranges
+from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 
 CURSOR_VERSION = 1
 # Level of a run's console log (its events are stored in the instance whatever the level).
@@ -77,17 +77,12 @@ def work_unit_request(dc: str, stream: str, kind: str, unit_id: str, ranges) -> 
 def earliest_timestamp_us(stream_dir: Path, ranges: list[tuple[str, int, int]], max_line_bytes: int) -> int | None:
     """Event time of the oldest new line: the first line of each new range (a writer logs in
     timestamp order). Lines that do not parse are left to the parser's quarantine."""
-    earliest = None
+    firsts = []
     for file, start, _ in ranges:
         with open(stream_dir / file, "rb") as f:
             f.seek(start)
-            line = f.readline(max_line_bytes)
-        try:
-            ts = int(json.loads(line)["timestamp_us"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        earliest = ts if earliest is None else min(earliest, ts)
-    return earliest
+            firsts.append(line_timestamp(f.readline(max_line_bytes)))
+    return min((ts for ts in firsts if ts is not None), default=None)
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,9 @@ def cut_work_units(
     return units
 
 
-def _line_timestamp(line: bytes) -> int | None:
+def line_timestamp(line: bytes) -> int | None:
+    """The `timestamp_us` of a log line; None for a line that does not have one (the parser
+    quarantines it)."""
     try:
         ts = json.loads(line)["timestamp_us"]
     except (ValueError, KeyError, TypeError):
@@ -170,7 +172,7 @@ def event_time_cut(path: Path, start: int, end: int, bound_us: int, max_line_byt
         """(timestamp or None, next line start) of the line at `pos`."""
         f.seek(pos)
         line = f.readline(max_line_bytes + 1)
-        return _line_timestamp(line), pos + len(line) if line.endswith(b"\n") else next_line_start(path, pos, end)
+        return line_timestamp(line), pos + len(line) if line.endswith(b"\n") else next_line_start(path, pos, end)
 
     low, high = start, end  # the cut lies in [low, high]: lines before low are within the bound
     with open(path, "rb") as f:
