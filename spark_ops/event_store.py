@@ -113,15 +113,22 @@ class EventStore:
         self._held.clear()
 
     def lookup(self, clicks: DataFrame) -> tuple[DataFrame, DataFrame]:
-        """Splits `clicks` (with `click_id`, `query_id`) into those whose query was found, with a
-        `query` struct column, and those not found (without it). Fills `stats`."""
+        """Splits `clicks` (one row per `click_id`, with its `query_id`) into those whose query was
+        found, with a `query` struct column, and those not found (without it). Fills `stats`."""
+        # The clicks' keys are broadcast and the cache streams past them: the cache is the big
+        # side, and a join that kept every click (a left outer join) would shuffle every cache row
+        # of the window, full query included (7 s against 1.5 s for 400 clicks in a live run).
         # A query id may repeat in the logs (duplicate lines): one match per click.
-        cache = query_struct(self._cache_around(clicks))
-        pairs = self._keep(clicks.join(cache, "query_id", "left").dropDuplicates(["click_id"]))
-        cached = pairs.where(F.col("query").isNotNull())
-        misses = self._keep(pairs.where(F.col("query").isNull()).drop("query"))
-        split = pairs.agg(F.count_if(F.col("query").isNotNull()).alias("hits"), F.count("*").alias("all")).first()
-        self.stats.cache_hits, n_misses = split["hits"], split["all"] - split["hits"]
+        matches = self._keep(
+            query_struct(self._cache_around(clicks))
+            .join(F.broadcast(clicks.select("click_id", "query_id")), "query_id")
+            .dropDuplicates(["click_id"])
+            .select("click_id", "query")
+        )
+        cached = clicks.join(matches, "click_id")
+        misses = self._keep(clicks.join(matches.select("click_id"), "click_id", "left_anti"))
+        self.stats.cache_hits = matches.count()
+        n_misses = misses.count()
         if n_misses == 0:
             return cached, misses
         from_logs = self._keep(self._logs_tier(misses))
