@@ -10,7 +10,7 @@ from photon_assets.work_unit import WorkUnitConfig
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from sensors.stream_state import QueryProgress, WriterProgress
+from sensors.stream_state import QueryProgress
 from spark_ops.event_store import evict_from_cache
 from spark_ops.ingest import ingest_queries, writer_progress
 from spark_ops.parse import parse_ranges
@@ -59,7 +59,7 @@ def ingest_query_logs(
     progress_file = warehouse.layout.query_progress_file(config.dc)
     try:
         writers = writer_progress(parsed)
-        newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for ts, _ in writers.values())], default=0)
+        newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for _, ts in writers.values())], default=0)
         boundary = cache_boundary_us(newest or None, settings.query_cache_retention_seconds)
         stats = ingest_queries(
             parsed,
@@ -73,7 +73,7 @@ def ingest_query_logs(
     finally:
         parsed.unpersist()
     # Only after the appends: a click run that reads this progress finds these queries in a table.
-    QueryProgress.merge(progress_file, {w: WriterProgress(ts, files) for w, (ts, files) in writers.items()})
+    QueryProgress.merge(progress_file, writers)
     evicted = 0
     if boundary is not None:
         evicted = evict_from_cache(

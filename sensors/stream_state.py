@@ -5,12 +5,14 @@ Runs write these documents (atomically, under a lock: several runs of one datace
 once); sensors and `photon run` only read them.
 
 - Query progress: per query writer (`server_ip:process_id`, the prefix of its event ids), the newest
-  `timestamp_us` ingested and the log files it has been read from. A writer logs in timestamp order,
-  so once its progress passes a query's timestamp that query is either in what was read or lost.
+  `timestamp_us` ingested, and how many work units brought lines at or behind that progress
+  (backfills). A writer logs in timestamp order, so once its progress passes a query's timestamp
+  that query is either in what was read or in lines read later as a backfill (a file of the writer
+  the dispatcher reached late), or lost.
 - Pending digest: what the datacenter's pending clicks are waiting for, summarised when the last
-  click run finished: per writer, the smallest query timestamp not yet covered and the files seen
-  then; the oldest pending click (for the unjoinable age); and when clicks that could be joined
-  now come out of their retry backoff.
+  click run finished: per writer, the smallest query timestamp not yet covered and the writer's
+  backfills then; the oldest pending click (for the unjoinable age); and when clicks that could be
+  joined now come out of their retry backoff.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def _locked(path: Path):
 @dataclass
 class WriterProgress:
     max_ts: int
-    files: list[str] = field(default_factory=list)
+    backfills: int = 0  # work units that brought lines at or behind max_ts
 
 
 @dataclass
@@ -72,18 +74,25 @@ class QueryProgress:
         doc = _read(path)
         if doc is None:
             return cls()
-        return cls({name: WriterProgress(**w) for name, w in doc["writers"].items()})
+        # Documents written before backfills were counted list the writer's files instead.
+        return cls({name: WriterProgress(w["max_ts"], w.get("backfills", 0)) for name, w in doc["writers"].items()})
 
     @classmethod
-    def merge(cls, path: Path, ingested: dict[str, WriterProgress]) -> "QueryProgress":
-        """Adds one work unit's writers. Idempotent (max and union), so a retried work unit that
-        had already merged changes nothing."""
+    def merge(cls, path: Path, ingested: dict[str, tuple[int, int]]) -> "QueryProgress":
+        """Adds one work unit's writers: per writer, the oldest and newest timestamp of its lines.
+        A work unit reaching back to the writer's progress counts as a backfill: a pending click
+        may wait for it. A retried work unit that had already merged counts once more, which costs
+        at most one extra pending-click retry."""
         with _locked(path):
             progress = cls.load(path)
-            for name, seen in ingested.items():
-                known = progress.writers.setdefault(name, WriterProgress(seen.max_ts))
-                known.max_ts = max(known.max_ts, seen.max_ts)
-                known.files = sorted(set(known.files) | set(seen.files))
+            for name, (min_ts, max_ts) in ingested.items():
+                known = progress.writers.get(name)
+                if known is None:
+                    progress.writers[name] = WriterProgress(max_ts)
+                    continue
+                if min_ts <= known.max_ts:
+                    known.backfills += 1
+                known.max_ts = max(known.max_ts, max_ts)
             _write(path, {"writers": {name: asdict(w) for name, w in progress.writers.items()}})
             return progress
 
@@ -91,8 +100,8 @@ class QueryProgress:
 @dataclass
 class PendingDigest:
     pending: int = 0
-    # writer -> [smallest query timestamp a pending click needs beyond that writer's progress, files
-    # of the writer when it was last looked up]
+    # writer -> [smallest query timestamp a pending click needs beyond that writer's progress, the
+    # writer's backfills when those clicks were last looked up]
     needs: dict[str, list] = field(default_factory=dict)
     oldest_ts: int | None = None  # oldest pending click (event time)
     retry_at: float | None = None  # when clicks joinable with the data present leave their backoff
@@ -128,9 +137,9 @@ def pending_retry_decision(
     now = time.time() if now is None else now
     if digest.pending == 0:
         return RetryDecision(False, "no pending clicks")
-    for writer, (needed_ts, files) in digest.needs.items():
+    for writer, (needed_ts, backfills) in digest.needs.items():
         known = progress.writers.get(writer)
-        if known is not None and ((needed_ts is not None and known.max_ts >= needed_ts) or len(known.files) > files):
+        if known is not None and ((needed_ts is not None and known.max_ts >= needed_ts) or known.backfills > backfills):
             return RetryDecision(True, f"query writer {writer} has new data for pending clicks")
     # Clicks that had reached the age when the digest was made are covered by retry_at.
     stream_ts = progress.max_ts

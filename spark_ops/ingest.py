@@ -46,16 +46,16 @@ def _with_unit(df: DataFrame, dc: str, work_unit: str) -> DataFrame:
     return df.withColumn("dc", F.lit(dc)).withColumn("work_unit", F.lit(work_unit))
 
 
-def writer_progress(parsed: DataFrame) -> dict[str, tuple[int, list[str]]]:
-    """Per query writer (`server_ip:process_id`) in these lines: newest timestamp and files. One row
-    per writer reaches the driver."""
+def writer_progress(parsed: DataFrame) -> dict[str, tuple[int, int]]:
+    """Per query writer (`server_ip:process_id`) in these lines: oldest and newest timestamp. One
+    row per writer reaches the driver."""
     rows = (
         events(parsed)
         .groupBy("server_ip", "process_id")
-        .agg(F.max("timestamp_us").alias("max_ts"), F.collect_set("file").alias("files"))
+        .agg(F.min("timestamp_us").alias("min_ts"), F.max("timestamp_us").alias("max_ts"))
         .collect()
     )
-    return {f"{r['server_ip']}:{r['process_id']}": (r["max_ts"], sorted(r["files"])) for r in rows}
+    return {f"{r['server_ip']}:{r['process_id']}": (r["min_ts"], r["max_ts"]) for r in rows}
 
 
 def ingest_queries(

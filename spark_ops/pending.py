@@ -1,9 +1,10 @@
 """Pending clicks (Photon §3.2.1): clicks whose query neither EventStore tier has yet.
 
 A pending click is retried only when query data that could hold its query has arrived — its query's
-writer has logged past the query's timestamp since the last lookup, or has a new log file (the
-query may sit in a file the dispatcher had not reached) — and no sooner than an exponential backoff
-after its last attempt. Once it is `unjoinable_after` behind the query stream's progress (event
+writer's ingested progress has passed the query's timestamp since the last lookup, or a work unit
+has since brought lines of that writer at or behind its progress (a backfill: the query may sit in a
+file the dispatcher reached late) — and no sooner than an exponential backoff after its last attempt.
+A click whose query is never logged is thus not looked up again while its writer logs on in order. Once it is `unjoinable_after` behind the query stream's progress (event
 time) and has been looked up `min_attempts` times, it is given up as unjoinable.
 """
 
@@ -25,7 +26,7 @@ PROGRESS_SCHEMA = T.StructType(
     [
         T.StructField("query_writer", T.StringType()),
         T.StructField("writer_ts", T.LongType()),
-        T.StructField("writer_files", T.IntegerType()),
+        T.StructField("writer_backfills", T.IntegerType()),
     ]
 )
 
@@ -39,7 +40,7 @@ class PendingPolicy:
     backoff_max_seconds: float
 
     def _progress_frame(self, spark: SparkSession) -> DataFrame:
-        rows = [(name, w.max_ts, len(w.files)) for name, w in self.progress.writers.items()]
+        rows = [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
         return spark.createDataFrame(rows, PROGRESS_SCHEMA)
 
     def _age_reached(self, timestamp_us: Column) -> Column:
@@ -62,9 +63,9 @@ class PendingPolicy:
             & (F.col("writer_ts") >= F.col("query_ts"))
             & (F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts"))
         )
-        new_file = F.coalesce(F.col("writer_files"), F.lit(0)) > F.col("writer_files_at_attempt")
+        backfilled = F.coalesce(F.col("writer_backfills"), F.lit(0)) > F.col("writer_backfills_at_attempt")
         return pending.join(self._progress_frame(pending.sparkSession), "query_writer", "left").withColumn(
-            "data_ready", writer_passed | new_file | self._age_reached(F.col("timestamp_us"))
+            "data_ready", writer_passed | backfilled | self._age_reached(F.col("timestamp_us"))
         )
 
     def due(self, pending: DataFrame, now: float | None = None) -> DataFrame:
@@ -87,7 +88,7 @@ class PendingPolicy:
         return (
             with_writer.join(self._progress_frame(not_found.sparkSession), "query_writer", "left")
             .withColumn("writer_ts_at_attempt", F.col("writer_ts"))
-            .withColumn("writer_files_at_attempt", F.coalesce(F.col("writer_files"), F.lit(0)).cast("int"))
+            .withColumn("writer_backfills_at_attempt", F.coalesce(F.col("writer_backfills"), F.lit(0)).cast("int"))
             .withColumn("last_attempt_at", F.current_timestamp())
             .withColumn("last_attempt_unit", F.lit(token))
             .withColumn("give_up", self._age_reached(F.col("timestamp_us")) & (F.col("attempts") >= self.min_attempts))
@@ -98,7 +99,7 @@ class PendingPolicy:
                     F.col("attempts"), behind / 1e6,
                 ),
             )
-            .drop("writer_ts", "writer_files")
+            .drop("writer_ts", "writer_backfills")
         )
 
     def digest(self, spark: SparkSession, path: str, dc: str) -> PendingDigest:
@@ -112,11 +113,11 @@ class PendingPolicy:
         waiting = rows.where(~F.col("data_ready") & F.col("query_writer").isNotNull())
         needs = waiting.groupBy("query_writer").agg(
             F.min(F.when(F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts"), F.col("query_ts"))).alias("ts"),
-            F.min("writer_files_at_attempt").alias("files"),
+            F.min("writer_backfills_at_attempt").alias("backfills"),
         ).collect()  # one row per query writer
         return PendingDigest(
             pending=total["pending"],
-            needs={r["query_writer"]: [r["ts"], r["files"]] for r in needs},
+            needs={r["query_writer"]: [r["ts"], r["backfills"]] for r in needs},
             oldest_ts=total["oldest_ts"],
             retry_at=total["retry_at"],
             stream_ts=self.progress.max_ts or 0,

@@ -58,7 +58,7 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
         ["dc"],
     ),
     # Clicks whose query was not found yet, per datacenter, with what their retries depend on: the
-    # attempts so far, and the query writer's progress and file count when last looked up.
+    # attempts so far, and the query writer's progress and backfills when last looked up.
     "pending_clicks": (
         T.StructType(
             [
@@ -70,7 +70,7 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
                 _f("last_attempt_at", T.TimestampType()),
                 _f("last_attempt_unit", T.StringType()),
                 _f("writer_ts_at_attempt", T.LongType()),
-                _f("writer_files_at_attempt", T.IntegerType()),
+                _f("writer_backfills_at_attempt", T.IntegerType()),
             ]
         ),
         ["dc"],

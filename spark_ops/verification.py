@@ -90,7 +90,7 @@ def confirmed_tokens(registered: DataFrame, joined: DataFrame, unjoinable: DataF
 def reinjected_clicks(lost: DataFrame, ledger: DataFrame, recovery_unit: str) -> DataFrame:
     """`pending_clicks` rows for lost ids, from the click ledger: one per click, in the datacenter
     whose work unit registered it if that one read it, else any datacenter that did. Due at once:
-    never attempted (no backoff), and ready as soon as its query's writer has any data."""
+    never attempted (no backoff), and ready as soon as its query's writer's progress reaches the query."""
     owner = F.split(F.col("token"), r"\.").getItem(0)
     candidates = ledger.join(lost.select("click_id", owner.alias("owner_dc")), "click_id")
     rank = F.row_number().over(
@@ -107,7 +107,7 @@ def reinjected_clicks(lost: DataFrame, ledger: DataFrame, recovery_unit: str) ->
         F.lit(None).cast("timestamp").alias("last_attempt_at"),
         F.lit(recovery_unit).alias("last_attempt_unit"),
         F.lit(None).cast("long").alias("writer_ts_at_attempt"),
-        F.lit(0).cast("int").alias("writer_files_at_attempt"),
+        F.lit(0).cast("int").alias("writer_backfills_at_attempt"),
     )
 
 

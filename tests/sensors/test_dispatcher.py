@@ -139,18 +139,20 @@ def test_pending_clicks_are_retried_only_when_query_data_could_hold_their_querie
     assert "no pending" in evaluate(sensor, instance).skip_reason.skip_message
 
     # Two clicks wait: one for writer w1 to log past ts 500, one for writer w2 (no logs yet).
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w1": WriterProgress(400, ["w1/0.jsonl"])})
-    PendingDigest(pending=2, needs={"w1": [500, 1], "w2": [700, 0]}, oldest_ts=450, stream_ts=400).save(
+    progress_file = layout.query_progress_file("dc1")
+    QueryProgress.merge(progress_file, {"w1": (100, 400)})
+    PendingDigest(pending=2, needs={"w1": [500, 0], "w2": [700, 0]}, oldest_ts=450, stream_ts=400).save(
         layout.pending_digest_file("dc1"))
     waiting = evaluate(sensor, instance)
     assert waiting.run_requests == [] and "wait for query data" in waiting.skip_reason.skip_message
 
-    # w1 logs more, but not yet up to 500: still no retry.
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w1": WriterProgress(499, ["w1/0.jsonl"])})
+    # w1 logs on in order, but not yet up to 500 (a new file of it changes nothing): no retry.
+    QueryProgress.merge(progress_file, {"w1": (401, 450)})
+    QueryProgress.merge(progress_file, {"w1": (451, 499)})
     assert evaluate(sensor, instance, cursor=waiting.cursor).run_requests == []
 
-    # w2's first file appears: a retry.
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w2": WriterProgress(10, ["w2/0.jsonl"])})
+    # A work unit brings w1 lines behind its progress (a file the dispatcher reached late): a retry.
+    assert QueryProgress.merge(progress_file, {"w1": (300, 350)}).writers["w1"] == WriterProgress(499, 1)
     retry = evaluate(sensor, instance, cursor=waiting.cursor)
     [request] = retry.run_requests
     assert request.run_key == "dc1.pending.00000000" and request.tags[TAG_KIND] == PENDING
@@ -163,14 +165,17 @@ def test_pending_clicks_are_retried_only_when_query_data_could_hold_their_querie
     assert busy.run_requests == [] and "is not done" in busy.skip_reason.skip_message
 
 
-def test_retry_decision_honours_backoff_and_unjoinable_age():
-    progress = QueryProgress({"w1": WriterProgress(10_000_000, ["f"])})
+def test_retry_decision_honours_new_writers_backoff_and_unjoinable_age():
+    waits_for_w2 = PendingDigest(pending=1, needs={"w2": [700, 0]}, oldest_ts=450, stream_ts=400)
+    assert not pending_retry_decision(waits_for_w2, QueryProgress({"w2": WriterProgress(699)}), 3600).ready
+    assert pending_retry_decision(waits_for_w2, QueryProgress({"w2": WriterProgress(700)}), 3600).ready
+    progress = QueryProgress({"w1": WriterProgress(10_000_000)})
     backoff = PendingDigest(pending=1, retry_at=1000.0, oldest_ts=9_000_000, stream_ts=10_000_000)
     assert pending_retry_decision(backoff, progress, 3600, now=999.0).wait_until == 1000.0
     assert pending_retry_decision(backoff, progress, 3600, now=1000.0).ready
     # The query stream moves past the oldest click's unjoinable age: its final lookup is due.
     aged = PendingDigest(pending=1, oldest_ts=1_000_000, stream_ts=5_000_000)
-    assert not pending_retry_decision(aged, QueryProgress({"w1": WriterProgress(5_000_000, ["f"])}), 8).ready
+    assert not pending_retry_decision(aged, QueryProgress({"w1": WriterProgress(5_000_000)}), 8).ready
     assert pending_retry_decision(aged, progress, 8).ready
 
 
@@ -191,7 +196,7 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_da
         return [(r["start"], r["end"]) for req in result.run_requests
                 for r in req.run_config["ops"]["join_clicks"]["config"]["ranges"]]
 
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": WriterProgress(100 * second, ["w/0.jsonl"])})
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": (second, 100 * second)})
     first = evaluate(sensor, instance, **knobs)
     assert cut(first) == [(0, starts[1])]
     held = json.loads(first.cursor)
@@ -200,7 +205,7 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_da
     assert observation.metadata["clicks_ahead_of_queries_seconds"].value == 50.0
 
     # The query stream's progress passes the second click.
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": WriterProgress(850 * second, ["w/0.jsonl"])})
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": (101 * second, 850 * second)})
     later = evaluate(sensor, instance, cursor=first.cursor, **knobs)
     assert cut(later) == [(starts[1], starts[2])]
     assert json.loads(later.cursor)["held"]["w/0.jsonl"][0] == starts[2]

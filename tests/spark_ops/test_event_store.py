@@ -51,8 +51,10 @@ def store(spark, tables, query_dir, every_bytes=4096) -> EventStore:
 
 
 def clicks_frame(spark, tmp_path, clicks):
-    path = write_lines(tmp_path / "clicks" / "0.jsonl", clicks)
-    return events(parse_ranges(spark, "click", path.parent, [ByteRange("0.jsonl", 0, path.stat().st_size)]))
+    """The clicks as a parsed frame, one row per click (a new file each call: write_lines appends)."""
+    directory = tmp_path / "clicks"
+    path = write_lines(directory / f"{len(list(directory.glob('*.jsonl'))) if directory.exists() else 0}.jsonl", clicks)
+    return events(parse_ranges(spark, "click", directory, [ByteRange(path.name, 0, path.stat().st_size)]))
 
 
 def test_queries_older_than_the_cache_are_found_through_the_log_file_map(tmp_path, spark):
@@ -108,7 +110,7 @@ def test_a_miss_newer_than_its_writers_ingested_progress_is_not_read_from_the_lo
     write_lines(query_dir / "a" / "0.jsonl", lines[:96])
     # Queries 0-95 ingested, none of them cached: the logs tier serves every lookup.
     progress = ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", cache_since_us=T0 + 1000 * SECOND)
-    assert progress == {"10.1.0.1:7": (T0 + 95 * SECOND, ["a/0.jsonl"])}
+    assert progress == {"10.1.0.1:7": (T0, T0 + 95 * SECOND)}
     # The writer has logged on; the dispatcher has not cut that part yet.
     write_lines(query_dir / "a" / "0.jsonl", lines[96:])
     wanted = {"c1": qid("10.1.0.1:7", 50), "c2": qid("10.1.0.1:7", 97), "c3": qid("10.1.0.2:8", 3)}
@@ -123,7 +125,7 @@ def test_a_miss_newer_than_its_writers_ingested_progress_is_not_read_from_the_lo
 
     event_store = EventStore(read_table(spark, "query_logs", tables["query_logs"]),
                              read_table(spark, "log_file_map", tables["log_file_map"]), query_dir, 10, 4096, 65536,
-                             ingested_until={writer: ts for writer, (ts, _) in progress.items()})
+                             ingested_until={writer: ts for writer, (_, ts) in progress.items()})
     found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, clicks))
     assert {name(r.click_id): r.query.query_id for r in found.collect()} == {"c1": wanted["c1"]}
     assert sorted(name(r.click_id) for r in not_found.collect()) == ["c2", "c3"]
@@ -179,14 +181,8 @@ def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoi
     registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     late_writer = "10.2.0.1:5"
     write_lines(query_dir / "main" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(10)])
-    progress = QueryProgress()
-
-    def advance(seen):
-        for w, (ts, files) in seen.items():
-            known = progress.writers.setdefault(w, WriterProgress(ts))
-            known.max_ts, known.files = max(known.max_ts, ts), sorted(set(known.files) | set(files))
-
-    advance(ingest(spark, query_dir, tables, ["main/0.jsonl"], "dc1.query.0"))
+    progress_file = tmp_path / "state" / "query_progress.json"
+    progress = QueryProgress.merge(progress_file, ingest(spark, query_dir, tables, ["main/0.jsonl"], "dc1.query.0"))
     # The late writer's query is logged at T0 + 3 h; its click was logged 3 hours of event time earlier.
     late_query = qid(late_writer, 3 * 3600)
     clicks = clicks_frame(spark, tmp_path, [
@@ -195,10 +191,10 @@ def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoi
         click(cid("stray"), f"10.1.0.1:7:{T0 + 4 * SECOND + 500_000}", T0 + 9 * SECOND),  # its writer is past it
     ])
 
-    def policy(**overrides):
+    def policy(at=None, **overrides):
         knobs = {"unjoinable_after_seconds": 86400.0, "min_attempts": 2, "backoff_seconds": 2.0,
                  "backoff_max_seconds": 600.0, **overrides}
-        return PendingPolicy(progress=QueryProgress({k: WriterProgress(v.max_ts, list(v.files)) for k, v in progress.writers.items()}), **knobs)
+        return PendingPolicy(progress=at or progress, **knobs)
 
     def join(frame, token, pending, retrying=False):
         return join_work_unit(spark, frame, store(spark, tables, query_dir), registry, token, "dc1",
@@ -212,10 +208,19 @@ def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoi
     # No new query data: no retry is due, now or later.
     assert not pending_retry_decision(digest, progress, 86400).ready
     assert policy().due(waiting, now=time.time() + 3600).count() == 0
+    # The stray's writer logs on in order, into a new file: its query cannot be there.
+    write_lines(query_dir / "main" / "1.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(10, 20)])
+    progress = QueryProgress.merge(progress_file, ingest(spark, query_dir, tables, ["main/1.jsonl"], "dc1.query.1"))
+    assert not pending_retry_decision(digest, progress, 86400).ready
+    assert policy().due(waiting, now=time.time() + 3600).count() == 0
+    # Lines of that writer behind its progress (a backfill) could hold it: the stray is due.
+    main = progress.writers["10.1.0.1:7"]
+    backfilled = QueryProgress({**progress.writers, "10.1.0.1:7": WriterProgress(main.max_ts, main.backfills + 1)})
+    assert [name(r.click_id) for r in policy(at=backfilled).due(waiting, now=time.time() + 3).collect()] == ["stray"]
 
     # The late writer's logs arrive, with the click's query three hours of event time later.
     write_lines(query_dir / "late" / "0.jsonl", [query(late_query, T0 + 3 * 3600 * SECOND)])
-    advance(ingest(spark, query_dir, tables, ["late/0.jsonl"], "dc1.query.1"))
+    progress = QueryProgress.merge(progress_file, ingest(spark, query_dir, tables, ["late/0.jsonl"], "dc1.query.2"))
     assert pending_retry_decision(digest, progress, 86400).ready
     due = policy().due(read_table(spark, "pending_clicks", tables["pending_clicks"]), now=time.time() + 3)
     assert [name(r.click_id) for r in due.collect()] == ["waits"]

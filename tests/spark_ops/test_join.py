@@ -36,7 +36,7 @@ def world(tmp_path, spark):
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     parsed = parse_ranges(spark, "query", logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)])
     ingest_queries(parsed, "dc1", "dc1.query.0", tables, 10, 1 << 20)
-    progress = QueryProgress({w: WriterProgress(ts, files) for w, (ts, files) in writer_progress(parsed).items()})
+    progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in writer_progress(parsed).items()})
     clicks = events(parse_ranges(spark, "click", logs / "click", [ByteRange("w/0.jsonl", 0, cfile.stat().st_size)]))
     registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     yield {"spark": spark, "tables": tables, "clicks": clicks, "registry": registry, "tmp": tmp_path,
