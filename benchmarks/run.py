@@ -402,7 +402,10 @@ def live(args, work: Path) -> dict:
                           for s in backlog_samples],
         "latency_histogram": latency_histogram([latency for _, latency in latencies]),
     }
-    shutil.rmtree(data_dir, ignore_errors=True)
+    if args.keep_data:
+        result["data_dir"] = str(data_dir)
+    else:
+        shutil.rmtree(data_dir, ignore_errors=True)
     return result
 
 
@@ -603,11 +606,15 @@ def main() -> None:
     live_options.add_argument("--late-query-share", type=float, default=0.0)
     live_options.add_argument("--seed", type=int, default=2026)
     live_options.add_argument("--name", default="live", help="result file name (several rates)")
+    live_options.add_argument("--keep-data", action="store_true",
+                              help="keep the data directory (under --work-dir) to read every run back")
     cost = workloads.add_parser("batch-cost")
     cost.add_argument("--repeats", type=int, default=3)
     cost.add_argument("--queries", type=int, default=20000)
     cost.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
+    if getattr(args, "keep_data", False) and args.work_dir is None:
+        parser.error("--keep-data needs --work-dir (a temporary work directory is removed)")
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="photon-bench-"))
     try:

@@ -14,11 +14,11 @@ from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from sensors.stream_state import QueryProgress
+from sensors.stream_state import PendingDigest, QueryProgress, pending_retry_decision
 from spark_ops.aggregates import aggregate_clicks
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
-from spark_ops.join import join_work_unit, load_adapter
+from spark_ops.join import click_columns, join_work_unit, load_adapter
 from spark_ops.parse import events, parse_ranges
 from spark_ops.pending import PendingPolicy
 from spark_ops.tables import latest_snapshot, overwrite, read_table, row_count
@@ -99,16 +99,29 @@ def join_clicks(
     # Read before the EventStore's tables: the progress never claims more than they hold.
     progress = QueryProgress.load(warehouse.layout.query_progress_file(config.dc))
     policy = pending_policy(progress, settings)
+
+    def due_pending():
+        waiting = read_table(session, "pending_clicks", tables["pending_clicks"]).where(F.col("dc") == config.dc)
+        return click_columns(policy.due(waiting))
+
+    retrying_pending = config.kind == PENDING
     try:
-        if config.kind == PENDING:
-            waiting = read_table(session, "pending_clicks", tables["pending_clicks"]).where(F.col("dc") == config.dc)
-            clicks = policy.due(waiting)
+        if retrying_pending:
+            clicks = due_pending()
         else:
             parsed = parse_ranges(
                 session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
             ).persist(StorageLevel.MEMORY_AND_DISK)
             ingest = ingest_clicks(parsed, config.dc, config.work_unit, tables)
-            clicks = events(parsed)
+            clicks = click_columns(events(parsed))
+            # Pending clicks that query data arrived for are retried here rather than by a run of
+            # their own: a live pass then pays one click run's fixed cost, not two.
+            retrying_pending = pending_retry_decision(
+                PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)), progress,
+                settings.unjoinable_after_seconds,
+            ).ready
+            if retrying_pending:
+                clicks = clicks.unionByName(due_pending())
         phase("parse_and_ledger")
         stats = join_work_unit(
             session,
@@ -120,7 +133,7 @@ def join_clicks(
             warehouse.staging_dir(config.work_unit, config.attempt),
             tables,
             policy,
-            retrying_pending=config.kind == PENDING,
+            retrying_pending=retrying_pending,
             adapter=load_adapter(settings.adapter),
             checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
         )

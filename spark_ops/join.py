@@ -114,8 +114,8 @@ def join_work_unit(
     adapter: Adapter = default_adapter,
     checkpoint: Callable[[str], None] = lambda point: None,
 ) -> JoinStats:
-    """`clicks`: parsed click events (any duplicates), or pending clicks being retried
-    (`retrying_pending`, with their `attempts`)."""
+    """`clicks`: parsed click events (any duplicates), pending clicks being retried, or both
+    (`retrying_pending`; pending clicks carry their `attempts`)."""
     stats = JoinStats()
     mark = time.monotonic()
     staging.mkdir(parents=True, exist_ok=True)

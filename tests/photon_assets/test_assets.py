@@ -83,6 +83,31 @@ def test_pipeline_through_assets_and_checks(data_dir):
         assert counts["distinct_clicks"] == 2 and counts["joined"] == 2 and counts["pending"] == 0
 
 
+def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(data_dir):
+    logs = data_dir / "logs" / "dc1"
+    click_file = logs / "click" / "w" / "0.jsonl"
+    write_lines(click_file, [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10), click("10.3.0.1:1:2", "10.1.0.1:1:9", 20)])
+    first_end = click_file.stat().st_size
+    click_units = dg.AssetSelection.assets(
+        "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates").without_checks()
+    with dg.instance_for_test() as instance:
+        joined = materialize(data_dir, instance, click_units, unit("join_clicks", "dc1.click.00000000", click_file))
+        assert metadata(joined, "joined_clicks")["clicks_pending"] == 2
+
+        # The first click's query arrives; the second's (10.1.0.1:1:9) never does.
+        queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:3", 7)])
+        assert materialize(data_dir, instance, dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
+                           unit("ingest_query_logs", "dc1.query.00000000", queries)).success
+        write_lines(click_file, [click("10.3.0.1:1:3", "10.1.0.1:1:3", 30)])
+        config = unit("join_clicks", "dc1.click.00000001", click_file)
+        config["ops"]["join_clicks"]["config"]["ranges"][0]["start"] = first_end
+        second = metadata(materialize(data_dir, instance, click_units, config), "joined_clicks")
+        # The new click and the pending one its query arrived for; the other is not due (its writer
+        # has not logged up to its query) and stays pending without a lookup.
+        assert (second["clicks_clicks"], second["clicks_joined"], second["clicks_pending"]) == (2, 2, 0)
+        assert second["pending_clicks_in_dc"] == 1 and second["dagster/row_count"] == 2
+
+
 def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
     """A click registered but never written (a joiner crash with no retry) fails two checks."""
     import pyarrow as pa
