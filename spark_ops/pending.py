@@ -4,8 +4,11 @@ A pending click is retried only when query data that could hold its query has ar
 writer's ingested progress has passed the query's timestamp since the last lookup, or a work unit
 has since brought lines of that writer at or behind its progress (a backfill: the query may sit in a
 file the dispatcher reached late) — and no sooner than an exponential backoff after its last attempt.
-A click whose query is never logged is thus not looked up again while its writer logs on in order. Once it is `unjoinable_after` behind the query stream's progress (event
-time) and has been looked up `min_attempts` times, it is given up as unjoinable.
+A click whose query is never logged is thus not looked up again while its writer logs on in order.
+Once it is `unjoinable_after` behind the query stream's progress (event time) and has been looked
+up `min_attempts` times, it is given up as unjoinable. A click run retries the pending clicks that
+are due along with its new clicks (photon_assets/clicks.py); a retry run of their own is for when
+no click run comes.
 """
 
 from __future__ import annotations
