@@ -89,14 +89,20 @@ def complete_end(path: Path, start: int, size: int) -> int:
 def next_line_start(path: Path, at: int, limit: int) -> int:
     """Offset just after the first `\\n` at or after `at` (never beyond `limit`)."""
     with open(path, "rb") as f:
-        f.seek(at)
-        pos = at
-        while pos < limit:
-            block = f.read(min(TAIL_BLOCK, limit - pos))
-            newline = block.find(b"\n")
-            if newline >= 0:
-                return pos + newline + 1
-            pos += len(block)
+        return _next_line_start(f, at, limit)
+
+
+def _next_line_start(f, at: int, limit: int) -> int:
+    f.seek(at)
+    pos = at
+    while pos < limit:
+        block = f.read(min(TAIL_BLOCK, limit - pos))
+        if not block:
+            break
+        newline = block.find(b"\n")
+        if newline >= 0:
+            return pos + newline + 1
+        pos += len(block)
     return limit
 
 
@@ -172,13 +178,13 @@ def event_time_cut(path: Path, start: int, end: int, bound_us: int, max_line_byt
         """(timestamp or None, next line start) of the line at `pos`."""
         f.seek(pos)
         line = f.readline(max_line_bytes + 1)
-        return line_timestamp(line), pos + len(line) if line.endswith(b"\n") else next_line_start(path, pos, end)
+        return line_timestamp(line), pos + len(line) if line.endswith(b"\n") else _next_line_start(f, pos, end)
 
     low, high = start, end  # the cut lies in [low, high]: lines before low are within the bound
     with open(path, "rb") as f:
         while low < high:
             middle = (low + high) // 2
-            probe = next_line_start(path, middle - 1, high) if middle > low else low
+            probe = _next_line_start(f, middle - 1, high) if middle > low else low
             if probe >= high:  # no line starts in the upper half
                 probe = low
             ts, after = read(probe)

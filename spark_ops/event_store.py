@@ -165,13 +165,14 @@ class EventStore:
             return wanted
         rows = [(*writer.rpartition(":")[::2], ts) for writer, ts in self.ingested_until.items()]
         progress = wanted.sparkSession.createDataFrame(rows, "server_ip string, process_id string, writer_ts long")
-        kept = self._keep(
-            wanted.join(F.broadcast(progress), ["server_ip", "process_id"])
-            .where(F.col("query_ts") <= F.col("writer_ts"))
+        # A writer not ingested at all has no progress row: none of its queries is ingested.
+        flagged = self._keep(
+            wanted.join(F.broadcast(progress), ["server_ip", "process_id"], "left")
+            .withColumn("ingested", F.coalesce(F.col("query_ts") <= F.col("writer_ts"), F.lit(False)))
             .drop("writer_ts")
         )
-        self.stats.not_ingested_yet = wanted.count() - kept.count()
-        return kept
+        self.stats.not_ingested_yet = flagged.agg(F.count_if(~F.col("ingested"))).first()[0]
+        return flagged.where("ingested").drop("ingested")
 
     def _logs_tier(self, misses: DataFrame) -> DataFrame:
         spark = misses.sparkSession
