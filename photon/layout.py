@@ -51,6 +51,9 @@ class DataLayout:
     def pending_digest_file(self, dc: str) -> Path:
         return self.root / "state" / "streams" / dc / "pending_clicks.json"
 
+    def query_cache_file(self, dc: str) -> Path:
+        return self.root / "state" / "streams" / dc / "query_cache.json"
+
     @property
     def staging(self) -> Path:
         return self.root / "staging"

@@ -14,7 +14,7 @@ from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from sensors.stream_state import PendingDigest, QueryProgress, pending_retry_decision
+from sensors.stream_state import PendingDigest, QueryCache, QueryProgress, pending_retry_decision
 from spark_ops.aggregates import aggregate_clicks
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
@@ -39,6 +39,8 @@ def event_store(
     progress: QueryProgress,
 ):
     in_dc = F.col("dc") == dc
+    # Read after the progress (the caller's) and before the tables, as the EventStore needs.
+    cache = QueryCache.load(warehouse.layout.query_cache_file(dc))
     return EventStore(
         cache=read_table(session, "query_logs", tables["query_logs"]).where(in_dc),
         log_file_map=read_table(session, "log_file_map", tables["log_file_map"]).where(in_dc),
@@ -47,6 +49,7 @@ def event_store(
         map_every_bytes=settings.log_file_map_every_bytes,
         max_line_bytes=settings.max_line_bytes,
         ingested_until={writer: w.max_ts for writer, w in progress.writers.items()},
+        cache_complete_from_us=cache.complete_from_ts,
     )
 
 

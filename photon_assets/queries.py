@@ -10,9 +10,9 @@ from photon_assets.work_unit import WorkUnitConfig
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from sensors.stream_state import QueryProgress
+from sensors.stream_state import QueryCache, QueryProgress
 from spark_ops.event_store import evict_from_cache
-from spark_ops.ingest import ingest_queries, writer_progress
+from spark_ops.ingest import ingest_queries, line_stats
 from spark_ops.parse import parse_ranges
 from spark_ops.tables import row_count
 
@@ -57,12 +57,16 @@ def ingest_query_logs(
         session, "query", warehouse.stream_dir(config.dc, "query"), config.byte_ranges(), settings.max_line_bytes
     ).persist(StorageLevel.MEMORY_AND_DISK)
     progress_file = warehouse.layout.query_progress_file(config.dc)
+    cache_file = warehouse.layout.query_cache_file(config.dc)
     try:
-        writers = writer_progress(parsed)
-        newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for _, ts in writers.values())], default=0)
+        stats = line_stats(parsed, by_writer=True)
+        newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for _, ts in stats.writers.values())], default=0)
         boundary = cache_boundary_us(newest or None, settings.query_cache_retention_seconds)
-        stats = ingest_queries(
+        if boundary is not None:
+            QueryCache.caching_from(cache_file, boundary)
+        entries_added = ingest_queries(
             parsed,
+            stats,
             config.dc,
             config.work_unit,
             tables,
@@ -73,12 +77,19 @@ def ingest_query_logs(
     finally:
         parsed.unpersist()
     # Only after the appends: a click run that reads this progress finds these queries in a table.
-    QueryProgress.merge(progress_file, writers)
-    evicted = 0
-    if boundary is not None:
-        evicted = evict_from_cache(
+    QueryProgress.merge(progress_file, stats.writers)
+    cache = QueryCache.load(cache_file)
+    if stats.writers:
+        # A lower bound of what this unit cached: nothing older than the boundary went in.
+        oldest = min(ts for ts, _ in stats.writers.values())
+        cache = QueryCache.cached(cache_file, oldest if boundary is None else max(oldest, boundary))
+    evicted, scanned = 0, False
+    if boundary is not None and cache.needs_eviction(boundary):
+        evicted, oldest_kept = evict_from_cache(
             session, tables["query_logs"], config.dc, boundary, settings.query_cache_vacuum_retain_hours
         )
+        QueryCache.scanned(cache_file, boundary if oldest_kept is None else oldest_kept)
+        scanned = True
     lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
     common = {
         "dc": config.dc,
@@ -94,6 +105,7 @@ def ingest_query_logs(
             "dagster/row_count": row_count(session, "query_logs", tables["query_logs"]),
             "queries_added": stats.events,
             "queries_evicted": evicted,
+            "cache_eviction_scanned": scanned,
             **({"cache_since_us": boundary} if boundary is not None else {}),
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
         },
@@ -103,6 +115,6 @@ def ingest_query_logs(
         metadata={
             **common,
             "dagster/row_count": row_count(session, "log_file_map", tables["log_file_map"]),
-            "entries_added": stats.map_entries,
+            "entries_added": entries_added,
         },
     )

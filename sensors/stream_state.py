@@ -13,6 +13,7 @@ once); sensors and `photon run` only read them.
   click run finished: per writer, the smallest query timestamp not yet covered and the writer's
   backfills then; the oldest pending click (for the unjoinable age); and when clicks that could be
   joined now come out of their retry backoff.
+- Query cache: bounds of what the datacenter's cache tier holds (see QueryCache).
 """
 
 from __future__ import annotations
@@ -95,6 +96,67 @@ class QueryProgress:
                 known.max_ts = max(known.max_ts, max_ts)
             _write(path, {"writers": {name: asdict(w) for name, w in progress.writers.items()}})
             return progress
+
+
+@dataclass
+class QueryCache:
+    """What the cache tier (`query_logs`) of one datacenter holds, for the runs that evict and read it.
+
+    - `oldest_ts`: a lower bound of its event times, so that a query run scans it for eviction only
+      once the cache boundary passes it. None (unknown) until the first scan. A concurrent run's
+      rows may end up below a raised bound; the next eviction removes them with the rest (a cache
+      holding a few rows too long costs nothing but their space).
+    - `complete_from_ts`: every ingested query at or after this event time is in the cache: the
+      largest boundary a query run has cached from (each run writes it before its appends, and an
+      eviction removes only rows older than its own boundary). A query the EventStore misses there
+      does not exist yet, so the logs tier need not read raw logs for it. None: no query run yet.
+      Under `dagster-daemon`, a query run's eviction may commit after a click run read this bound
+      and before its lookup runs (Delta reads the latest version then). It can remove only queries
+      older than its own, newer boundary; a miss the logs tier skips for that reason (the boundary
+      moved more than the 5-minute slack between the two reads) stays pending and is found in the
+      raw logs by its last lookup at the unjoinable age. `photon run` runs one run at a time.
+    """
+
+    oldest_ts: int | None = None
+    complete_from_ts: int | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> "QueryCache":
+        doc = _read(path)
+        return cls() if doc is None else cls(doc["oldest_ts"], doc["complete_from_ts"])
+
+    def needs_eviction(self, boundary_ts: int) -> bool:
+        return self.oldest_ts is None or self.oldest_ts < boundary_ts
+
+    @classmethod
+    def _update(cls, path: Path, change) -> "QueryCache":
+        with _locked(path):
+            cache = cls.load(path)
+            change(cache)
+            _write(path, asdict(cache))
+            return cache
+
+    @classmethod
+    def caching_from(cls, path: Path, boundary_ts: int) -> None:
+        """Before a work unit's appends: it caches its queries at or after `boundary_ts`."""
+        def change(cache: "QueryCache") -> None:
+            cache.complete_from_ts = max(cache.complete_from_ts or boundary_ts, boundary_ts)
+        cls._update(path, change)
+
+    @classmethod
+    def cached(cls, path: Path, oldest_ts: int) -> "QueryCache":
+        """After a work unit's appends: it added queries from `oldest_ts` on. Returns the bounds."""
+        def change(cache: "QueryCache") -> None:
+            if cache.oldest_ts is not None:
+                cache.oldest_ts = min(cache.oldest_ts, oldest_ts)
+        return cls._update(path, change)
+
+    @classmethod
+    def scanned(cls, path: Path, oldest_ts: int) -> None:
+        """An eviction scan left nothing older than `oldest_ts` in the cache."""
+        def change(cache: "QueryCache") -> None:
+            cache.oldest_ts = oldest_ts
+        cls._update(path, change)
 
 
 @dataclass

@@ -4,8 +4,9 @@ unit that had already committed a table is skipped for that table."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -19,8 +20,9 @@ class IngestStats:
     events: int = 0
     quarantined: int = 0
     bytes_read: int = 0
-    map_entries: int = 0
     max_timestamp_us: int | None = None
+    # Per query writer (`server_ip:process_id`) in these lines: its oldest and newest timestamp.
+    writers: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,38 +48,32 @@ def _with_unit(df: DataFrame, dc: str, work_unit: str) -> DataFrame:
     return df.withColumn("dc", F.lit(dc)).withColumn("work_unit", F.lit(work_unit))
 
 
-def writer_progress(parsed: DataFrame) -> dict[str, tuple[int, int]]:
-    """Per query writer (`server_ip:process_id`) in these lines: oldest and newest timestamp. One
-    row per writer reaches the driver."""
-    rows = (
-        events(parsed)
-        .groupBy("server_ip", "process_id")
-        .agg(F.min("timestamp_us").alias("min_ts"), F.max("timestamp_us").alias("max_ts"))
-        .collect()
-    )
-    return {f"{r['server_ip']}:{r['process_id']}": (r["min_ts"], r["max_ts"]) for r in rows}
-
-
 def ingest_queries(
     parsed: DataFrame,
+    stats: IngestStats,
     dc: str,
     work_unit: str,
     tables: dict[str, str],
     map_every_seconds: int,
     map_every_bytes: int,
     cache_since_us: int | None = None,
-) -> IngestStats:
-    """`parsed` is read several times: the caller persists it. Queries older than `cache_since_us`
-    skip the cache tier (query_logs): the log file map, which indexes every query, finds them."""
+) -> int:
+    """`parsed` is read several times: the caller persists it, and passes its `line_stats`.
+    Queries older than `cache_since_us` skip the cache tier (query_logs): the log file map, which
+    indexes every query, finds them. Returns the number of log file map entries added."""
     queries = _with_unit(events(parsed), dc, work_unit)
     cached = queries if cache_since_us is None else queries.where(F.col("timestamp_us") >= cache_since_us)
     append_once(cached, "query_logs", tables["query_logs"], f"query_logs/{work_unit}")
+    # Counted and appended from one computation of its two aggregations.
     entries = _with_unit(log_file_map_entries(queries, map_every_seconds, map_every_bytes), dc, work_unit)
-    append_once(entries, "log_file_map", tables["log_file_map"], f"log_file_map/{work_unit}")
-    stats = _line_stats(parsed)
+    entries = entries.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        added = entries.count()
+        append_once(entries, "log_file_map", tables["log_file_map"], f"log_file_map/{work_unit}")
+    finally:
+        entries.unpersist()
     _quarantine(parsed, stats, dc, "query", work_unit, tables)
-    stats.map_entries = entries.count()
-    return stats
+    return added
 
 
 def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, tables: dict[str, str]) -> IngestStats:
@@ -85,7 +81,7 @@ def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, tables: dict[str, 
     `parsed` and joins its events next."""
     append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"],
                 f"click_ledger/{work_unit}")
-    stats = _line_stats(parsed)
+    stats = line_stats(parsed)
     _quarantine(parsed, stats, dc, "click", work_unit, tables)
     return stats
 
@@ -98,17 +94,31 @@ def _quarantine(parsed: DataFrame, stats: IngestStats, dc: str, stream: str, wor
                     tables["quarantined_lines"], f"quarantine/{work_unit}")
 
 
-def _line_stats(parsed: DataFrame) -> IngestStats:
-    row = parsed.agg(
-        F.count("*").alias("lines"),
-        F.count_if(F.col("reason").isNull()).alias("events"),
-        F.coalesce(F.sum("length"), F.lit(0)).alias("bytes_read"),
-        F.max("timestamp_us").alias("max_timestamp_us"),
-    ).first()
+def line_stats(parsed: DataFrame, by_writer: bool = False) -> IngestStats:
+    """Counts of a work unit's parsed lines, in one Spark job; with `by_writer` (query lines) also
+    each writer's oldest and newest timestamp. One row per writer reaches the driver."""
+    keys = ["server_ip", "process_id"] if by_writer else []
+    is_event = F.col("reason").isNull()
+    rows = (
+        parsed.groupBy(*keys)
+        .agg(
+            F.count("*").alias("lines"),
+            F.count_if(is_event).alias("events"),
+            F.coalesce(F.sum("length"), F.lit(0)).alias("bytes_read"),
+            F.min(F.when(is_event, F.col("timestamp_us"))).alias("min_ts"),
+            F.max(F.when(is_event, F.col("timestamp_us"))).alias("max_ts"),
+        )
+        .collect()
+    )
+    lines = sum(r["lines"] for r in rows)
+    valid = sum(r["events"] for r in rows)
+    newest = [r["max_ts"] for r in rows if r["max_ts"] is not None]
     return IngestStats(
-        lines=row["lines"],
-        events=row["events"],
-        quarantined=row["lines"] - row["events"],
-        bytes_read=row["bytes_read"],
-        max_timestamp_us=row["max_timestamp_us"],
+        lines=lines,
+        events=valid,
+        quarantined=lines - valid,
+        bytes_read=sum(r["bytes_read"] for r in rows),
+        max_timestamp_us=max(newest, default=None),
+        writers={f"{r['server_ip']}:{r['process_id']}": (r["min_ts"], r["max_ts"])
+                 for r in rows if by_writer and r["events"]},
     )

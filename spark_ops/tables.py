@@ -125,6 +125,13 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
     ),
 }
 
+# Set when a table is created. query_logs keeps file statistics only for the column its readers
+# filter on (the cache window and the eviction, by event time): collecting them for every column of
+# a query unit's ~400k rows took ~0.35 s of each append.
+TABLE_PROPERTIES: dict[str, dict[str, str]] = {
+    "query_logs": {"delta.dataSkippingStatsColumns": "timestamp_us"},
+}
+
 
 _lock_guard = threading.Lock()
 _thread_locks: dict[Path, threading.RLock] = {}
@@ -174,6 +181,8 @@ def ensure_table(spark: SparkSession, name: str, path: str) -> None:
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if partitions:
             builder = builder.partitionedBy(*partitions)
+        for key, value in TABLE_PROPERTIES.get(name, {}).items():
+            builder = builder.property(key, value)
         builder.execute()
 
 

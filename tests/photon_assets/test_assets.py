@@ -108,6 +108,28 @@ def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(dat
         assert second["pending_clicks_in_dc"] == 1 and second["dagster/row_count"] == 2
 
 
+def test_query_runs_scan_the_cache_for_eviction_only_once_the_boundary_passes_its_oldest_query(data_dir):
+    second = 1_000_000
+    t0 = 1_700_000_000 * second
+    settings = PipelineSettings(query_cache_retention_seconds=60)
+    batches = [[0, 10, 20, 30], [40], [100]]  # seconds after t0
+    runs = []
+    with dg.instance_for_test() as instance:
+        for i, batch in enumerate(batches):
+            path = write_lines(data_dir / "logs" / "dc1" / "query" / "w" / f"{i}.jsonl",
+                               [query(f"10.1.0.1:1:{t0 + s * second}", t0 + s * second) for s in batch])
+            config = {"dc": "dc1", "work_unit": f"dc1.query.{i:08d}", "kind": "log_ranges",
+                      "ranges": [{"file": f"w/{i}.jsonl", "start": 0, "end": path.stat().st_size}]}
+            result = dg.materialize(ASSETS, selection=dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
+                                    resources={**resources(data_dir), "settings": settings}, instance=instance,
+                                    run_config={"ops": {"ingest_query_logs": {"config": config}}})
+            runs.append(metadata(result, "query_logs"))
+    # The first run does not know the cache's oldest query; the second's boundary (t0 - 20 s) is
+    # behind it (t0); the third's (t0 + 40 s) passes it and evicts the four queries before it.
+    assert [(r["cache_eviction_scanned"], r["queries_evicted"]) for r in runs] == [(True, 0), (False, 0), (True, 4)]
+    assert runs[-1]["dagster/row_count"] == 2
+
+
 def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
     """A click registered but never written (a joiner crash with no retry) fails two checks."""
     import pyarrow as pa

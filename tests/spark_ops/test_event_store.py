@@ -9,7 +9,7 @@ from photon.layout import TABLES
 from resources.registry_shards import ShardedIdRegistry
 from sensors.stream_state import QueryProgress, WriterProgress, pending_retry_decision
 from spark_ops.event_store import EventStore, evict_from_cache
-from spark_ops.ingest import ingest_queries, writer_progress
+from spark_ops.ingest import ingest_queries, line_stats
 from spark_ops.join import join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy
@@ -39,10 +39,10 @@ def name(click_id: str) -> str:
 def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us=None, every_bytes=4096):
     ranges = [ByteRange(f, 0, (query_dir / f).stat().st_size) for f in files]
     parsed = parse_ranges(spark, "query", query_dir, ranges).persist()
-    ingest_queries(parsed, "dc1", unit, tables, 10, every_bytes, cache_since_us=cache_since_us)
-    progress = writer_progress(parsed)
+    stats = line_stats(parsed, by_writer=True)
+    ingest_queries(parsed, stats, "dc1", unit, tables, 10, every_bytes, cache_since_us=cache_since_us)
     parsed.unpersist()
-    return progress
+    return stats.writers
 
 
 def store(spark, tables, query_dir, every_bytes=4096) -> EventStore:
@@ -135,6 +135,31 @@ def test_a_miss_newer_than_its_writers_ingested_progress_is_not_read_from_the_lo
     event_store.release()
 
 
+def test_a_miss_the_cache_tier_would_hold_is_not_read_from_the_logs(tmp_path, spark):
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    # 20 minutes of queries, one every 10 s; the cache tier holds those from minute 10 on.
+    write_lines(query_dir / "a" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(0, 1200, 10)])
+    complete_from = T0 + 600 * SECOND
+    progress = ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", cache_since_us=complete_from)
+    # c1's query is older than the cache (in the logs), c2's is cached, c3's and c4's were never
+    # logged: c3's time is within the cache's slack of its start, c4's well inside.
+    wanted = {"c1": qid("10.1.0.1:7", 100), "c2": qid("10.1.0.1:7", 900), "c3": qid("10.1.0.1:7", 605),
+              "c4": qid("10.1.0.1:7", 1105)}
+    clicks = [click(cid(c), q, T0 + 1200 * SECOND) for c, q in wanted.items()]
+    event_store = EventStore(read_table(spark, "query_logs", tables["query_logs"]),
+                             read_table(spark, "log_file_map", tables["log_file_map"]), query_dir, 10, 4096, 65536,
+                             ingested_until={writer: ts for writer, (_, ts) in progress.items()},
+                             cache_complete_from_us=complete_from)
+    found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, clicks))
+    assert {name(r.click_id) for r in found.collect()} == {"c1", "c2"}
+    assert sorted(name(r.click_id) for r in not_found.collect()) == ["c3", "c4"]
+    stats = event_store.stats
+    # The logs tier read c1's range and c3's, not c4's.
+    assert (stats.cache_hits, stats.logs_hits, stats.not_found, stats.logs_ranges_read) == (1, 1, 2, 2)
+    event_store.release()
+
+
 def test_the_cache_tier_is_searched_around_the_times_the_query_ids_name(tmp_path, spark):
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
@@ -161,10 +186,10 @@ def test_the_cache_tier_stays_bounded_while_the_logs_grow(tmp_path, spark):
         write_lines(query_dir / name, [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(batch * 60, batch * 60 + 60)])
         newest = T0 + (batch * 60 + 59) * SECOND
         ingest(spark, query_dir, tables, [name], f"dc1.query.{batch}", cache_since_us=newest - retention)
-        evict_from_cache(spark, tables["query_logs"], "dc1", newest - retention, vacuum_retain_hours=0)
+        _, oldest_kept = evict_from_cache(spark, tables["query_logs"], "dc1", newest - retention, vacuum_retain_hours=0)
         cached = read_table(spark, "query_logs", tables["query_logs"])
         assert cached.count() <= 121
-        assert cached.agg(F.min("timestamp_us")).first()[0] >= newest - retention
+        assert cached.agg(F.min("timestamp_us")).first()[0] == oldest_kept >= newest - retention
     # Evicted rows' files are gone from disk, not only from the table's current version.
     live = {p.split("/")[-1] for p in read_table(spark, "query_logs", tables["query_logs"]).inputFiles()}
     on_disk = {p.name for p in (tmp_path / "warehouse" / "query_logs").rglob("*.parquet") if "_delta_log" not in p.parts}

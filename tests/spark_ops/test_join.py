@@ -8,7 +8,7 @@ from photon.layout import TABLES
 from resources.registry_shards import ShardedIdRegistry
 from sensors.stream_state import QueryProgress, WriterProgress
 from spark_ops.event_store import EventStore
-from spark_ops.ingest import ingest_queries, writer_progress
+from spark_ops.ingest import ingest_queries, line_stats
 from spark_ops.join import CRASH_POINTS, join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy
@@ -35,8 +35,9 @@ def world(tmp_path, spark):
     cfile = write_lines(logs / "click" / "w" / "0.jsonl", CLICKS)
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     parsed = parse_ranges(spark, "query", logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)])
-    ingest_queries(parsed, "dc1", "dc1.query.0", tables, 10, 1 << 20)
-    progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in writer_progress(parsed).items()})
+    stats = line_stats(parsed, by_writer=True)
+    ingest_queries(parsed, stats, "dc1", "dc1.query.0", tables, 10, 1 << 20)
+    progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in stats.writers.items()})
     clicks = events(parse_ranges(spark, "click", logs / "click", [ByteRange("w/0.jsonl", 0, cfile.stat().st_size)]))
     registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     yield {"spark": spark, "tables": tables, "clicks": clicks, "registry": registry, "tmp": tmp_path,
