@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from dagster._daemon.sensor import execute_sensor_iteration
 from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
 from resources.registry import ADDRESS_ENV
+from resources.spark import delta_session
 from resources.settings import pipeline_settings
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from photon_assets.jobs import VERIFY_JOB
@@ -152,6 +154,13 @@ def remote_sensors(context: WorkspaceProcessContext) -> list:
 REGISTRY_START_SECONDS = 60.0
 
 
+def last_line(path: str) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+        lines = f.read().decode("utf-8", "replace").strip().splitlines()
+    return lines[-1][:300] if lines else ""
+
+
 def _die_with_parent() -> None:
     """In the registry child: SIGTERM when `photon run` dies, even by SIGKILL (Linux prctl)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -188,11 +197,16 @@ def registry_service(layout: DataLayout, log: logging.Logger):
                 time.sleep(0.1)
             if ready.exists():
                 break
+            exited = server.poll()
             server.kill()
             server.wait()
             # A server of a `photon run` that just died may still be closing the registry files.
             if time.monotonic() >= deadline:
-                raise RunnerError(f"the local registry service did not start; see {layout.root / 'state' / 'registry.log'}")
+                state = "still starting" if exited is None else f"exit status {exited}"
+                raise RunnerError(
+                    f"the local registry service did not start in {REGISTRY_START_SECONDS:.0f} s ({state}; "
+                    f"last log line: {last_line(output.name)!r}); see {output.name}"
+                )
             time.sleep(1.0)
         address = ready.read_text().strip()
         log.info("local registry service at %s", address)
@@ -210,6 +224,16 @@ def registry_service(layout: DataLayout, log: logging.Logger):
                 server.wait()
 
 
+def start_spark_session(log: logging.Logger) -> None:
+    """Starts the process's Spark session (~5 s of JVM start on 2 cores) while Dagster's workspace
+    loads; the first run's session request waits for it (resources/spark.py:
+    one session per process). A failure here is the first run's to report, as that run's error."""
+    try:
+        delta_session()
+    except Exception as error:  # the run that needs the session reports it again, as its error
+        log.debug("early Spark session start failed: %s", error)
+
+
 MAX_RECOVERY_ROUNDS = 2  # recovery, then pipeline and verification again; more would repeat itself
 
 
@@ -225,6 +249,9 @@ def run_until_idle(
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
     with exclusive(layout, datacenters), registry_service(layout, log):
+        # Only once the registry child runs: its start (a fork, retried while a dead run's server
+        # still holds the registry files) then never competes with a thread launching the JVM.
+        threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
         instance = headless_instance(layout)
         orphans = fail_orphaned_runs(instance, datacenters)
         if orphans:
@@ -318,7 +345,6 @@ def drain(instance, context, sensors, layout, datacenters, log, started, timeout
 def storage_lost(layout: DataLayout) -> bool:
     """Whether a table recovery can repair references data files that are gone."""
     from photon_assets.recovery import REPAIRABLE_TABLES
-    from resources.spark import delta_session
     from spark_ops.verification import missing_data_files
 
     paths = [layout.table(name) for name in REPAIRABLE_TABLES if (Path(layout.table(name)) / "_delta_log").is_dir()]
