@@ -163,17 +163,21 @@ def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 0, shards: int = 
     except BaseException:
         registry.close()
         raise
-    stop = threading.Event()
+    # The handler only records the signal: one that takes a lock (threading.Event.set) deadlocks when
+    # a second signal interrupts it on the same thread, and a SIGKILLed `photon run` sends a burst:
+    # the parent-death signal comes again each time the child is handed to another of its dying
+    # threads. The server then never stops, and holds the registry files from the next run.
+    stopping: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda received, _frame: stopping.append(received))
     if ready_file is not None:
         partial = Path(f"{ready_file}.partial")
         partial.write_text(server.address)
         os.replace(partial, ready_file)
     log.info("registry serving at %s (data %s, shard configuration %s)", server.address, data_dir,
              registry.configuration())
-    while not stop.wait(1.0):
-        pass
+    while not stopping:
+        time.sleep(0.2)
     log.info("registry at %s stopping", server.address)
     server.shutdown()
     registry.close()
