@@ -249,8 +249,8 @@ def run_until_idle(
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
     with exclusive(layout, datacenters), registry_service(layout, log):
-        # Only once the registry child runs: its start (a fork, retried while a dead run's server
-        # still holds the registry files) then never competes with a thread launching the JVM.
+        # Only after the registry child is forked: its `preexec_fn` is not safe while another thread
+        # runs (subprocess's documentation), and this one forks the JVM.
         threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
         instance = headless_instance(layout)
         orphans = fail_orphaned_runs(instance, datacenters)

@@ -111,10 +111,12 @@ class QueryCache:
       eviction removes only rows older than its own boundary). A query the EventStore misses there
       does not exist yet, so the logs tier need not read raw logs for it. None: no query run yet.
       Under `dagster-daemon`, a query run's eviction may commit after a click run read this bound
-      and before its lookup runs (Delta reads the latest version then). It can remove only queries
-      older than its own, newer boundary; a miss the logs tier skips for that reason (the boundary
-      moved more than the 5-minute slack between the two reads) stays pending and is found in the
-      raw logs by its last lookup at the unjoinable age. `photon run` runs one run at a time.
+      and before its lookup runs (an unpinned Delta read may see that newer version). It removes
+      only queries older than its own, newer boundary. A miss the logs tier skips for that reason
+      (the boundary moved more than the 5-minute slack between the two reads) stays pending until
+      its lookup at the unjoinable age, once the query stream gets that far, reads the raw logs.
+      Pinning the click run's `query_logs` version would close this; `photon run` runs one run at
+      a time.
     """
 
     oldest_ts: int | None = None
