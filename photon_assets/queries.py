@@ -78,11 +78,12 @@ def ingest_query_logs(
         parsed.unpersist()
     # Only after the appends: a click run that reads this progress finds these queries in a table.
     QueryProgress.merge(progress_file, stats.writers)
-    cache = QueryCache.load(cache_file)
     if stats.writers:
         # A lower bound of what this unit cached: nothing older than the boundary went in.
         oldest = min(ts for ts, _ in stats.writers.values())
         cache = QueryCache.cached(cache_file, oldest if boundary is None else max(oldest, boundary))
+    else:
+        cache = QueryCache.load(cache_file)
     evicted, scanned = 0, False
     if boundary is not None and cache.needs_eviction(boundary):
         evicted, oldest_kept = evict_from_cache(

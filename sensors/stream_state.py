@@ -142,7 +142,8 @@ class QueryCache:
     def caching_from(cls, path: Path, boundary_ts: int) -> None:
         """Before a work unit's appends: it caches its queries at or after `boundary_ts`."""
         def change(cache: "QueryCache") -> None:
-            cache.complete_from_ts = max(cache.complete_from_ts or boundary_ts, boundary_ts)
+            known = cache.complete_from_ts
+            cache.complete_from_ts = boundary_ts if known is None else max(known, boundary_ts)
         cls._update(path, change)
 
     @classmethod
