@@ -15,13 +15,13 @@ from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from sensors.stream_state import PendingDigest, QueryCache, QueryProgress, pending_retry_decision
-from spark_ops.aggregates import aggregate_clicks
+from spark_ops.aggregates import aggregate_clicks, refresh_aggregates
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
 from spark_ops.join import click_columns, join_work_unit, load_adapter
 from spark_ops.parse import events, parse_ranges
 from spark_ops.pending import PendingPolicy
-from spark_ops.tables import latest_snapshot, overwrite, read_table, row_count
+from spark_ops.tables import ensure_table, latest_snapshot, overwrite, read_table, row_count, table_lock
 
 
 def pending_policy(progress: QueryProgress, settings: PipelineSettings) -> PendingPolicy:
@@ -194,17 +194,28 @@ def join_clicks(
     kinds={"delta", "spark"},
     group_name="joiner",
 )
-def click_aggregates(spark: SparkResource, warehouse: WarehouseResource) -> dg.MaterializeResult:
+def click_aggregates(
+    context: dg.AssetExecutionContext, spark: SparkResource, warehouse: WarehouseResource
+) -> dg.MaterializeResult:
     session = spark.session()
     tables = warehouse.tables()
-    # Pin one snapshot of joined_clicks so the aggregate matches a real version of it.
-    version, snapshot = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
-    aggregates = aggregate_clicks(snapshot).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        overwrite(aggregates, "click_aggregates", tables["click_aggregates"])
-        rows = aggregates.count()
-    finally:
-        aggregates.unpersist()
+    path = tables["click_aggregates"]
+    ensure_table(session, "click_aggregates", path)
+    # The work unit a click run just joined; none in `verify` (or a run from the UI): everything.
+    unit = context.run.run_config.get("ops", {}).get("join_clicks", {}).get("config", {}).get("work_unit")
+    # Held from the snapshot to the commit: refreshes commit in snapshot order, so none replaces a
+    # key's value with an older one (two datacenters' click runs refresh concurrently).
+    with table_lock(path):
+        version, snapshot = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
+        if unit is None:
+            overwrite(aggregate_clicks(snapshot), "click_aggregates", path)
+            refreshed = "all"
+        else:
+            refreshed = "work_unit" if refresh_aggregates(snapshot, unit, path) else "none"
     return dg.MaterializeResult(
-        metadata={"dagster/row_count": rows, "joined_clicks_version": version}
+        metadata={
+            "dagster/row_count": row_count(session, "click_aggregates", path),
+            "joined_clicks_version": version,
+            "refreshed": refreshed,
+        }
     )

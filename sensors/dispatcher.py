@@ -38,11 +38,11 @@ CURSOR_VERSION = 1
 # Level of a run's console log (its events are stored in the instance whatever the level).
 RUN_LOG_LEVEL_ENV = "PHOTON_RUN_LOG_LEVEL"
 MIN_INTERVAL_SECONDS = 1  # the daemon ticks at most every 5 s anyway; `photon run` ticks faster
-# A backlog of this many normal work units is cut into catch-up units: a run's fixed cost (Delta
-# commits, snapshots, statistics; ~15-25 s for a click run on 2 cores) is then paid once per
-# catch-up unit, not per normal unit. Two: in a live run at 1,000 clicks/s a pass found ~12 MB of
-# click lines, which normal units cut into three runs of ~30 s each.
-CATCH_UP_AFTER_UNITS = 2
+# More than this many normal work units' worth waiting is cut into catch-up units: a run's fixed
+# cost (Delta commits, snapshots, statistics; ~12-20 s for a click run on 2 cores) is then paid once
+# per catch-up unit, not per normal unit. One: in a live run at 1,000 clicks/s a pass found 4-9 MB of
+# click lines, which normal units of 4 MiB cut into two runs on every other pass (each ~14 s).
+CATCH_UP_AFTER_UNITS = 1
 JOBS = {"query": (INGEST_QUERIES_JOB, "ingest_query_logs"), "click": (JOIN_CLICKS_JOB, "join_clicks")}
 
 
@@ -146,13 +146,13 @@ def pace_clicks(
 
 
 def work_unit_bytes(stream: str, backlog_bytes: int, settings: PipelineSettings) -> int:
-    """Size of the work units cut now: up to the catch-up size while at least `CATCH_UP_AFTER_UNITS`
+    """Size of the work units cut now: up to the catch-up size while more than `CATCH_UP_AFTER_UNITS`
     normal work units' worth is waiting (a backlog, or a pipeline that fell behind)."""
     if stream == "query":
         normal, catch_up = settings.query_work_unit_bytes, settings.query_catch_up_work_unit_bytes
     else:
         normal, catch_up = settings.click_work_unit_bytes, settings.click_catch_up_work_unit_bytes
-    return catch_up if catch_up > normal and backlog_bytes >= CATCH_UP_AFTER_UNITS * normal else normal
+    return catch_up if catch_up > normal and backlog_bytes > CATCH_UP_AFTER_UNITS * normal else normal
 
 
 def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:

@@ -22,13 +22,18 @@ from delta.tables import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from spark_ops.parse import LOOKUP_CHUNK_FIELDS, events, parse_chunks
-from spark_ops.schemas import PARSED, arrow_schema
+from spark_ops.schemas import PARSED, arrow_schema, literal_frame
 from spark_ops.tables import table_lock
 
 # `<server_ip>:<process_id>:<timestamp_us>`; an IPv6 address may itself contain colons.
 EVENT_ID = r"^(.+):([^:]+):(\d+)$"
+INGESTED_SCHEMA = T.StructType(
+    [T.StructField("server_ip", T.StringType()), T.StructField("process_id", T.StringType()),
+     T.StructField("writer_ts", T.LongType())]
+)
 # The cache tier is searched this far around the event times the clicks' query ids name; a query
 # whose own timestamp is further from its id's is found by the logs tier instead.
 CACHE_SLACK_US = 300_000_000
@@ -140,7 +145,11 @@ class EventStore:
         n_misses = misses.count()
         if n_misses == 0:
             return cached, misses
-        from_logs = self._keep(self._logs_tier(misses))
+        from_logs = self._logs_tier(misses)
+        if from_logs is None:
+            self.stats.not_found = n_misses
+            return cached, misses
+        from_logs = self._keep(from_logs)
         self.stats.logs_hits = from_logs.count()
         self.stats.not_found = n_misses - self.stats.logs_hits
         not_found = misses.join(from_logs.select("click_id"), "click_id", "left_anti")
@@ -166,36 +175,47 @@ class EventStore:
         sizes = {f: (self.query_dir / f).stat().st_size for f in {r["file"] for r in spans}}
         return len(spans), sum(max(0, min(r["end"], sizes[r["file"]]) - r["start"]) for r in spans)
 
-    def _ingested(self, wanted: DataFrame) -> DataFrame:
-        """The misses worth reading raw logs for: those whose query time its writer's ingested
-        progress has reached, and that the cache tier would not hold. The others' queries are not in
-        any table yet (a writer logs in timestamp order), and the raw logs past the progress have no
-        map entry to find them by; or they do not exist. Reading for them would be wasted."""
+    def _worth_reading(self, wanted: DataFrame) -> DataFrame | None:
+        """The misses worth reading raw logs for (None: not one): those whose query time its
+        writer's ingested progress has reached, and that the cache tier would not hold. The others'
+        queries are not in any table yet (a writer logs in timestamp order), and the raw logs past
+        the progress have no map entry to find them by; or they do not exist. Reading for them would
+        be wasted."""
         if self.ingested_until is None:
             return wanted
         rows = [(*writer.rpartition(":")[::2], ts) for writer, ts in self.ingested_until.items()]
-        progress = wanted.sparkSession.createDataFrame(rows, "server_ip string, process_id string, writer_ts long")
+        progress = literal_frame(wanted.sparkSession, rows, INGESTED_SCHEMA)
         # A writer not ingested at all has no progress row: none of its queries is ingested.
-        flagged = self._keep(
-            wanted.join(F.broadcast(progress), ["server_ip", "process_id"], "left")
-            .withColumn("ingested", F.coalesce(F.col("query_ts") <= F.col("writer_ts"), F.lit(False)))
-            .drop("writer_ts")
-        )
-        self.stats.not_ingested_yet = flagged.agg(F.count_if(~F.col("ingested"))).first()[0]
-        ingested = flagged.where("ingested").drop("ingested")
-        if self.cache_complete_from_us is None:
-            return ingested
-        # Logged at or after that time, the query would be in the cache tier, where the cache join
+        ingested = F.coalesce(F.col("query_ts") <= F.col("writer_ts"), F.lit(False))
+        # Logged at or after this time, the query would be in the cache tier, where the cache join
         # looks within CACHE_SLACK_US of its id's time: it does not exist (a click of a lost or never
         # logged query, ~1% of clicks). The logs tier reads around the id's time too, so it could
         # not find it either, only spend a read (~200 KB of log per click in a 2M backlog).
-        return ingested.where(F.col("query_ts") < self.cache_complete_from_us + CACHE_SLACK_US)
+        uncached = (
+            F.lit(True) if self.cache_complete_from_us is None
+            else F.col("query_ts") < self.cache_complete_from_us + CACHE_SLACK_US
+        )
+        flagged = self._keep(
+            wanted.join(F.broadcast(progress), ["server_ip", "process_id"], "left")
+            .withColumn("worth_reading", ingested & uncached)
+            .withColumn("ingested", ingested)
+            .drop("writer_ts")
+        )
+        # Both counts from one job; a batch with no miss to read for skips the logs tier's jobs.
+        counts = flagged.agg(F.count_if(~F.col("ingested")), F.count_if(F.col("worth_reading"))).first()
+        self.stats.not_ingested_yet = counts[0]
+        if counts[1] == 0:
+            return None
+        return flagged.where("worth_reading").drop("ingested", "worth_reading")
 
-    def _logs_tier(self, misses: DataFrame) -> DataFrame:
+    def _logs_tier(self, misses: DataFrame) -> DataFrame | None:
+        """The misses' queries found in the raw logs; None if no miss is worth a read."""
         spark = misses.sparkSession
-        wanted = self._ingested(
+        wanted = self._worth_reading(
             misses.select("click_id", "query_id", *event_id_parts("query_id")).where(F.col("query_ts").isNotNull())
         )
+        if wanted is None:
+            return None
         entries = self.log_file_map.select(
             "server_ip", "process_id", "file", "offset", F.col("timestamp_us").alias("entry_ts"),
             F.floor(F.col("timestamp_us") / self.window_us).alias("window"),

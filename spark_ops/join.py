@@ -204,7 +204,7 @@ def join_work_unit(
                 now.alias("joined_at"),
                 F.lit(token).alias("work_unit"),
             )
-            insert_new(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id")
+            insert_new(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id", {"work_unit": token})
         if stats.too_old or count("dropped", "held") or stats.given_up:
             unjoinable_rows = (
                 unjoinable.join(winners, "click_id", "left_semi")
@@ -215,7 +215,7 @@ def join_work_unit(
                 )
                 .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
             )
-            insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id")
+            insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", {"work_unit": token})
         if stats.pending or retrying_pending:
             update_pending(tables["pending_clicks"], dc, token, still_pending, clicks if retrying_pending else None)
         mark = stats.timed("write", mark)

@@ -23,6 +23,7 @@ from pyspark.sql import types as T
 
 from sensors.stream_state import PendingDigest, QueryProgress
 from spark_ops.event_store import event_id_parts
+from spark_ops.schemas import literal_frame
 from spark_ops.tables import TABLE_SCHEMAS, ensure_table, read_table, table_lock
 
 PROGRESS_SCHEMA = T.StructType(
@@ -44,7 +45,7 @@ class PendingPolicy:
 
     def _progress_frame(self, spark: SparkSession) -> DataFrame:
         rows = [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
-        return spark.createDataFrame(rows, PROGRESS_SCHEMA)
+        return literal_frame(spark, rows, PROGRESS_SCHEMA)
 
     def _age_reached(self, timestamp_us: Column) -> Column:
         if self.progress.max_ts is None:
@@ -108,21 +109,26 @@ class PendingPolicy:
     def digest(self, spark: SparkSession, path: str, dc: str) -> PendingDigest:
         """What this datacenter's pending clicks now wait for (sensors/stream_state.py)."""
         rows = self._with_data_ready(read_table(spark, "pending_clicks", path).where(F.col("dc") == dc))
-        total = rows.agg(
+        waiting = ~F.col("data_ready") & F.col("query_writer").isNotNull()
+        behind_progress = F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts")
+        # One pass over the table: a row per query writer (and one for clicks without a writer).
+        per_writer = rows.groupBy("query_writer").agg(
             F.count("*").alias("pending"),
             F.min("timestamp_us").alias("oldest_ts"),
             F.min(F.when(F.col("data_ready"), self._backoff_over_at())).alias("retry_at"),
-        ).first()
-        waiting = rows.where(~F.col("data_ready") & F.col("query_writer").isNotNull())
-        needs = waiting.groupBy("query_writer").agg(
-            F.min(F.when(F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts"), F.col("query_ts"))).alias("ts"),
-            F.min("writer_backfills_at_attempt").alias("backfills"),
-        ).collect()  # one row per query writer
+            F.count_if(waiting).alias("waiting"),
+            F.min(F.when(waiting & behind_progress, F.col("query_ts"))).alias("ts"),
+            F.min(F.when(waiting, F.col("writer_backfills_at_attempt"))).alias("backfills"),
+        ).collect()
+
+        def smallest(column: str):
+            return min((r[column] for r in per_writer if r[column] is not None), default=None)
+
         return PendingDigest(
-            pending=total["pending"],
-            needs={r["query_writer"]: [r["ts"], r["backfills"]] for r in needs},
-            oldest_ts=total["oldest_ts"],
-            retry_at=total["retry_at"],
+            pending=sum(r["pending"] for r in per_writer),
+            needs={r["query_writer"]: [r["ts"], r["backfills"]] for r in per_writer if r["waiting"]},
+            oldest_ts=smallest("oldest_ts"),
+            retry_at=smallest("retry_at"),
             stream_ts=self.progress.max_ts or 0,
             updated_at=time.time(),
         )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 AD = T.StructType(
@@ -79,3 +81,17 @@ def arrow_schema(spark_schema: T.StructType) -> pa.Schema:
         raise TypeError(f"no Arrow mapping for {dt}")
 
     return pa.schema([pa.field(f.name, convert(f.dataType)) for f in spark_schema.fields])
+
+
+def literal_frame(spark, rows: list[tuple], schema: T.StructType) -> DataFrame:
+    """A small driver-side table (a few rows per query writer) as a DataFrame of literals.
+
+    `createDataFrame` of Python rows is a Python RDD: each action that reads it starts a Python
+    worker, ~0.2 s per use in a click run; literals stay in the JVM.
+    """
+    def typed(row: tuple) -> Column:
+        return F.struct(*[F.lit(value).cast(f.dataType).alias(f.name) for value, f in zip(row, schema.fields)])
+
+    if not rows:
+        return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
+    return spark.range(1).select(F.inline(F.array(*[typed(row) for row in rows])))

@@ -4,7 +4,10 @@
   the same work unit that already committed is skipped by Delta itself.
 - `insert_new`: MERGE inserting only keys absent from the table. Used for outputs whose key must
   never repeat (`click_id`): even a retried work unit that joins more clicks than its first attempt
-  cannot duplicate one.
+  cannot duplicate one. The join scopes it to the work unit's own rows (`within`): the registry
+  gives a click id to one work unit only, so only an earlier attempt of the same unit can have
+  written it, and Delta then skips every other file by its statistics instead of the MERGE reading
+  the whole table for the keys (a cost that grew with the table, run after run).
 
 Every commit holds the table's lock (`table_lock`). Delta needs the storage to let only one writer
 create a given log file; on a local file system its LogStore guarantees that only within one JVM, and
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_ops.schemas import CLICK_FIELDS, QUERY_FIELDS, QUERY_STRUCT, SOURCE_FIELDS
@@ -218,15 +222,20 @@ def append_once(df: DataFrame, name: str, path: str, app_id: str, version: int =
         )
 
 
-def insert_new(df: DataFrame, name: str, path: str, key: str) -> None:
+def insert_new(df: DataFrame, name: str, path: str, key: str, within: dict[str, str] | None = None) -> None:
+    """Inserts the rows of `df` whose `key` the table lacks; `within` (column -> value) limits the
+    search to the table's rows with those values, the only ones that can hold the keys."""
     spark = df.sparkSession
     ensure_table(spark, name, path)
     schema, _ = TABLE_SCHEMAS[name]
+    condition = F.col(f"t.{key}") == F.col(f"s.{key}")
+    for column, value in (within or {}).items():
+        condition &= F.col(f"t.{column}") == F.lit(value)
     with table_lock(path):
         (
             DeltaTable.forPath(spark, path)
             .alias("t")
-            .merge(df.select(*schema.fieldNames()).alias("s"), f"t.{key} = s.{key}")
+            .merge(df.select(*schema.fieldNames()).alias("s"), condition)
             .whenNotMatchedInsertAll()
             .execute()
         )

@@ -82,9 +82,10 @@ def test_a_backlog_is_cut_into_catch_up_work_units(tmp_path, instance):
     assert len(catching_up) in (2, 3) and max(catching_up) > 1000
     # A catch-up size above the backlog: the whole backlog is one work unit.
     assert unit_sizes("all_in_one", 1000, backlog * 2) == [backlog]
-    # Less than two normal units' worth waiting: normal units, whatever the catch-up size.
+    # A little more than one normal unit's worth waiting: one unit, not a full one and a remainder.
     few = backlog // 2 + 200
-    assert unit_sizes("not_enough_waiting", few, backlog * 2) == unit_sizes("few_normal", few, 0)
+    assert len(unit_sizes("few_normal", few, 0)) == 2
+    assert unit_sizes("just_over_one_unit", few, backlog * 2) == [backlog]
 
 
 def test_query_dispatcher_targets_the_ingest_job(tmp_path, instance):
