@@ -35,9 +35,17 @@ def refresh_aggregates(joined: DataFrame, work_unit: str, path: str) -> bool:
     around = joined.where((F.col("timestamp_us") >= first_minute) & (F.col("timestamp_us") < after_last_minute))
     touched = aggregate_clicks(unit_rows).select(*KEYS)
     fresh = aggregate_clicks(around).join(touched, KEYS, "left_semi")
+    # The target's minutes bounded too: Delta then skips the table's files of other minutes by
+    # their statistics (each refresh adds a file or two, and old minutes' files are never touched).
+    in_minutes = F.col("t.minute").between(
+        F.timestamp_micros(F.lit(first_minute)), F.timestamp_micros(F.lit(after_last_minute - 1))
+    )
+    condition = in_minutes
+    for key in KEYS:
+        condition &= F.col(f"t.{key}") == F.col(f"s.{key}")
     (
         DeltaTable.forPath(joined.sparkSession, path).alias("t")
-        .merge(fresh.alias("s"), " AND ".join(f"t.{k} = s.{k}" for k in KEYS))
+        .merge(fresh.alias("s"), condition)
         .whenMatchedUpdateAll()
         .whenNotMatchedInsertAll()
         .execute()
