@@ -47,11 +47,8 @@ class PipelineSettings(dg.ConfigurableResource):
     # Pacing (Facebook §5.2): while query data waits to be ingested, click lines more than the
     # margin ahead of the query stream's progress are not cut yet (their queries would not be found
     # and they would go pending); lines held at the same place for max_hold are released (a bogus
-    # future timestamp must not hold a file for good); max_hold 0 turns pacing off. The margin lets
-    # a pass's click cut take the clicks logged while its query runs ran (~5-10 s at 10,000
-    # queries/s): most of their queries were logged before them and are ingested, and the few
-    # that go pending ride the next click run, the pass they would have waited for anyway.
-    pacing_margin_seconds: float = 10.0
+    # future timestamp must not hold a file for good); max_hold 0 turns pacing off.
+    pacing_margin_seconds: float = 0.0
     pacing_max_hold_seconds: float = 600.0
 
 

@@ -191,7 +191,7 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_da
     # Query lines not cut into work units yet: the query stream's progress is about to advance.
     write_lines(layout.stream_dir("dc1", "query") / "w" / "0.jsonl", [query("10.1.0.1:7:1", 1)])
     sensor = log_dispatcher("dc1", "click", str(tmp_path))
-    knobs = {"pacing_max_hold_seconds": 3600, "pacing_margin_seconds": 0}
+    knobs = {"pacing_max_hold_seconds": 3600}
 
     def cut(result):
         return [(r["start"], r["end"]) for req in result.run_requests
