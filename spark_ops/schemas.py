@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -83,7 +83,7 @@ def arrow_schema(spark_schema: T.StructType) -> pa.Schema:
     return pa.schema([pa.field(f.name, convert(f.dataType)) for f in spark_schema.fields])
 
 
-def literal_frame(spark, rows: list[tuple], schema: T.StructType) -> DataFrame:
+def literal_frame(spark: SparkSession, rows: list[tuple], schema: T.StructType) -> DataFrame:
     """A small driver-side table (a few rows per query writer) as a DataFrame of literals.
 
     `createDataFrame` of Python rows is a Python RDD: each action that reads it starts a Python
