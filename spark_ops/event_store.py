@@ -197,8 +197,8 @@ class EventStore:
         )
         flagged = self._keep(
             wanted.join(F.broadcast(progress), ["server_ip", "process_id"], "left")
-            .withColumn("worth_reading", ingested & uncached)
             .withColumn("ingested", ingested)
+            .withColumn("worth_reading", F.col("ingested") & uncached)
             .drop("writer_ts")
         )
         # Both counts from one job; a batch with no miss to read for skips the logs tier's jobs.
