@@ -9,6 +9,7 @@ legitimately not be there yet.
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import reduce
 
 import dagster as dg
 from pyspark.sql import DataFrame
@@ -24,10 +25,6 @@ from spark_ops.tables import read_table
 from spark_ops.verification import confirmed_tokens, unresolved_ids
 
 LOST_SAMPLE = 20  # lost ids listed in the check's metadata
-
-def _ids(df: DataFrame) -> DataFrame:
-    return df.select("click_id").distinct()
-
 
 @contextmanager
 def registry_frame(spark, registry: IdRegistryResource, warehouse: WarehouseResource, run_id: str) -> Iterator[DataFrame]:
@@ -68,35 +65,43 @@ def clicks_accounted_for(
 ) -> dg.AssetCheckResult:
     session = spark.session()
     tables = warehouse.tables()
-    seen = _ids(read_table(session, "click_ledger", tables["click_ledger"])).persist()
-    joined = _ids(read_table(session, "joined_clicks", tables["joined_clicks"]))
-    unjoinable = _ids(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]))
+
+    def flagged(df: DataFrame, flag: str) -> DataFrame:
+        return df.select("click_id", F.lit(True).alias(flag))
+
     with registry_frame(session, registry, warehouse, context.run.run_id) as registered:
         in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see unresolved_ids
-        resolved = joined.unionByName(unjoinable).distinct()
+        ledger = read_table(session, "click_ledger", tables["click_ledger"])
+        sources = [
+            flagged(ledger, "seen"),
+            flagged(read_table(session, "joined_clicks", tables["joined_clicks"]), "joined"),
+            flagged(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]), "unjoinable"),
+            flagged(registered, "registered"),
+            # Registered by a work unit that is not in flight: its output must be there.
+            flagged(registered.where(F.col("token").isNull() | ~F.col("token").isin(in_flight)), "settled"),
+            flagged(read_table(session, "pending_clicks", tables["pending_clicks"]), "tracked"),
+            flagged(ledger.where(F.col("work_unit").isin(in_flight)), "read_in_flight"),
+        ]
+        flags = [df.columns[1] for df in sources]
+        # One row per click id with a flag per table it is in, and every count from one job (eight
+        # separate joins and counts took 4.6 s of a 2M-query backlog's verification).
+        by_id = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), sources)
+        ids = by_id.groupBy("click_id").agg(*[F.coalesce(F.max(f), F.lit(False)).alias(f) for f in flags])
+        seen, joined, unjoinable = F.col("seen"), F.col("joined"), F.col("unjoinable")
         # Not registered and not unjoinable (too old for the registry): pending, and then a pending
-        # retry must know of it, unless the work unit that read it is still in flight.
-        pending = seen.join(registered, "click_id", "left_anti").join(unjoinable, "click_id", "left_anti")
-        tracked = _ids(read_table(session, "pending_clicks", tables["pending_clicks"]))
-        ledger_in_flight = _ids(
-            read_table(session, "click_ledger", tables["click_ledger"]).where(F.col("work_unit").isin(in_flight))
-        )
-        try:
-            counts = {
-                "distinct_clicks": seen.count(),
-                "joined": joined.count(),
-                "unjoinable": unjoinable.count(),
-                "pending": pending.count(),
-                "pending_untracked": pending.join(tracked, "click_id", "left_anti")
-                .join(ledger_in_flight, "click_id", "left_anti").count(),
-                "joined_and_unjoinable": joined.join(unjoinable, "click_id").count(),
-                "output_never_seen": resolved.join(seen, "click_id", "left_anti").count(),
-                "registered_without_output": unresolved_ids(registered, joined, unjoinable, in_flight)
-                .join(seen, "click_id", "left_semi").count(),
-                "work_units_in_flight": len(in_flight),
-            }
-        finally:
-            seen.unpersist()
+        # retry must know of it, unless a work unit that read it is still in flight.
+        pending = seen & ~F.col("registered") & ~unjoinable
+        row = ids.agg(
+            F.count_if(seen).alias("distinct_clicks"),
+            F.count_if(joined).alias("joined"),
+            F.count_if(unjoinable).alias("unjoinable"),
+            F.count_if(pending).alias("pending"),
+            F.count_if(pending & ~F.col("tracked") & ~F.col("read_in_flight")).alias("pending_untracked"),
+            F.count_if(joined & unjoinable).alias("joined_and_unjoinable"),
+            F.count_if((joined | unjoinable) & ~seen).alias("output_never_seen"),
+            F.count_if(F.col("settled") & ~joined & ~unjoinable & seen).alias("registered_without_output"),
+        ).first()
+    counts = {**row.asDict(), "work_units_in_flight": len(in_flight)}
     passed = all(counts[k] == 0 for k in ("joined_and_unjoinable", "output_never_seen", "registered_without_output", "pending_untracked"))
     return dg.AssetCheckResult(passed=passed, metadata=counts)
 
