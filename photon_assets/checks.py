@@ -22,7 +22,7 @@ from sensors.retries import work_units_in_flight
 from spark_ops.aggregates import aggregate_clicks
 from spark_ops.handoff import unstage
 from spark_ops.tables import read_table
-from spark_ops.verification import confirmed_tokens, unresolved_ids
+from spark_ops.verification import confirmed_tokens, settled_ids, unresolved_ids
 
 LOST_SAMPLE = 20  # lost ids listed in the check's metadata
 
@@ -77,8 +77,7 @@ def clicks_accounted_for(
             flagged(read_table(session, "joined_clicks", tables["joined_clicks"]), "joined"),
             flagged(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]), "unjoinable"),
             flagged(registered, "registered"),
-            # Registered by a work unit that is not in flight: its output must be there.
-            flagged(registered.where(F.col("token").isNull() | ~F.col("token").isin(in_flight)), "settled"),
+            flagged(settled_ids(registered, in_flight), "settled"),
             flagged(read_table(session, "pending_clicks", tables["pending_clicks"]), "tracked"),
             flagged(ledger.where(F.col("work_unit").isin(in_flight)), "read_in_flight"),
         ]

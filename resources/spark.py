@@ -80,8 +80,8 @@ def delta_session(
             # CPU, not memory, is what 2 cores lack (benchmarks/run.py backlog, profiled with JFR):
             # compressing persisted frames (a query unit's parsed lines, the EventStore's matches)
             # took 12% of the JVM's samples, twice the time of caching them uncompressed; and
-            # dictionary-encoding the ads' ad_id, which has too many distinct values to shrink much,
-            # 0.7 s per 800k query rows written (15% larger files without it).
+            # dictionary-encoding the ads' ad_id, the column whose dictionary costs the most hashing,
+            # 0.7 s per 800k query rows written (files 15% larger without it).
             .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
             .config("spark.hadoop.parquet.enable.dictionary#ads.list.element.ad_id", "false")
             .config("spark.hadoop.parquet.enable.dictionary#query.ads.list.element.ad_id", "false")

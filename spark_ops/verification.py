@@ -48,11 +48,16 @@ def repair_table(spark: SparkSession, name: str, path: str) -> int:
     return len(missing)
 
 
+def settled_ids(registered: DataFrame, in_flight: list[str]) -> DataFrame:
+    """Registered ids whose work unit is not in flight: their output must be there."""
+    return registered.where(F.col("token").isNull() | ~F.col("token").isin(in_flight))
+
+
 def unresolved_ids(registered: DataFrame, joined: DataFrame, unjoinable: DataFrame, in_flight: list[str]) -> DataFrame:
     """Registered ids (click_id, timestamp_us, token) with no output whose work unit is not in
     flight: lost. `in_flight` must be read after the registry was scanned, so that a work unit
     that registered ids after it was read cannot look finished."""
-    settled = registered.where(F.col("token").isNull() | ~F.col("token").isin(in_flight))
+    settled = settled_ids(registered, in_flight)
     resolved = joined.select("click_id").unionByName(unjoinable.select("click_id"))
     return settled.join(resolved, "click_id", "left_anti")
 
