@@ -14,6 +14,12 @@ compare the joined click ids with the generator's ground truth (`gen_summary.jso
    then run a second time over the same logs with a fresh checkpoint into the same table (what a
    second datacenter's pipeline, or a restart from a lost checkpoint, does) to count the click
    ids that end up twice in the output.
+3. ``spark-batch``: DuckDB's one batch done by Spark (explicit schemas, one Parquet write): the
+   floor of a join on Photon's own engine on this machine.
+4. ``streaming-live``: the same stream-stream join left running while ``photon gen --follow``
+   writes the logs, for the live latency. Its file source is fed each log file once the file is
+   complete (hard links into the watched directory, as a log shipper would), because it reads a
+   file once.
 
 How bad input behaves (measured on generated logs, DuckDB 2.0, Spark 4.0):
 
@@ -41,6 +47,8 @@ JVM's first streaming query; ``replay.wall_seconds`` is the same work again in a
     python benchmarks/peers.py duckdb --data-dir DIR [--out-dir DIR] [--datacenter dc1]
     python benchmarks/peers.py streaming --data-dir DIR [--out-dir DIR] [--watermark "10 minutes"]
         [--join-window "10 minutes"] [--max-files-per-trigger N]
+    python benchmarks/peers.py spark-batch --data-dir DIR [--out-dir DIR]
+    python benchmarks/peers.py streaming-live --data-dir DIR --out-dir DIR [--watermark "10 minutes"]
 """
 
 from __future__ import annotations
@@ -49,8 +57,10 @@ import argparse
 import json
 import re
 import resource
+import os
 import shutil
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -159,6 +169,59 @@ def run_duckdb(data_dir: Path, out_dir: Path, datacenter: str = "dc1") -> dict:
         "joined_clicks_per_second": round(joined / wall, 1),
         "output_bytes": target.stat().st_size,
         "peak_rss_bytes": process_peak_rss_bytes(),
+        "correctness": compare_with_truth(joined_ids, ground_truth(data_dir)),
+    }
+
+
+# -- Spark batch: the same one-shot join on Photon's engine --------------------
+
+def run_spark_batch(data_dir: Path, out_dir: Path, datacenter: str = "dc1", spark=None) -> dict:
+    """DuckDB's batch done by Spark in this project's session: every click and query file read once
+    with an explicit schema, clicks deduplicated by click_id, inner join on query_id, one Parquet
+    write. Spark's floor for this join on this machine: no state, no exactly-once bookkeeping, no
+    incremental progress, the JVM already started (`session_start_seconds` apart)."""
+    from pyspark.sql import functions as F
+
+    from resources.spark import delta_session
+
+    session_start_seconds = None
+    if spark is None:
+        started = time.monotonic()
+        spark = delta_session()
+        session_start_seconds = round(time.monotonic() - started, 3)
+    data_dir, out = Path(data_dir), Path(out_dir) / "spark-batch"
+    shutil.rmtree(out, ignore_errors=True)
+    target = out / "joined_clicks"
+
+    def read(stream: str, schema: str):
+        return (spark.read.schema(schema).option("mode", "DROPMALFORMED").option("recursiveFileLookup", "true")
+                .option("pathGlobFilter", "*.jsonl").json(str(stream_dir(data_dir, datacenter, stream)))
+                .dropna(how="any"))
+
+    started = time.monotonic()
+    clicks = read("click", CLICK_SCHEMA).dropDuplicates(["click_id"])
+    queries = read("query", QUERY_SCHEMA).select(
+        F.col("query_id").alias("q_query_id"), F.struct("query_id", "timestamp_us", "query_text", "ads").alias("query"))
+    (clicks.join(queries, clicks["query_id"] == queries["q_query_id"], "inner").drop("q_query_id")
+     .write.parquet(str(target)))
+    wall = time.monotonic() - started
+
+    written = spark.read.parquet(str(target))
+    joined = written.count()
+    joined_ids = {row.click_id for row in written.select("click_id").collect()}
+    size = input_bytes(data_dir, datacenter)
+    return {
+        "peer": "spark_batch",
+        "spark_version": spark.version,
+        "session_start_seconds": session_start_seconds,
+        "wall_seconds": round(wall, 3),
+        "joined_rows": joined,
+        "joined_distinct_clicks": len(joined_ids),
+        "input_bytes": size,
+        "input_mb_per_second": round(size / MB / wall, 2),
+        "joined_clicks_per_second": round(joined / wall, 1),
+        "output_bytes": tree_bytes(target),
+        "jvm_peak_rss_bytes": jvm_peak_rss_bytes(spark),
         "correctness": compare_with_truth(joined_ids, ground_truth(data_dir)),
     }
 
@@ -357,19 +420,136 @@ def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", waterm
     }
 
 
+# -- Spark Structured Streaming, live: the same join tailing logs being written ----
+
+def ship_completed_files(source: Path, target: Path, shipped: set[Path], all_complete: bool) -> int:
+    """Hard-link into target every log file under source (one directory of numbered files per
+    writer) that is complete: its writer has started the next file, or the generator has finished
+    (all_complete). The file source reads a file once, when it first lists it, so it must see only
+    complete files; this is what a log shipper moving closed files into the watched directory does."""
+    if not source.is_dir():
+        return 0
+    linked = 0
+    for writer in sorted(source.iterdir()):
+        files = sorted(writer.glob("*.jsonl"))
+        for path in files if all_complete else files[:-1]:
+            if path in shipped:
+                continue
+            destination = target / writer.name / path.name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, destination)
+            shipped.add(path)
+            linked += 1
+    return linked
+
+
+def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = "10 minutes",
+                       join_window: str = "10 minutes", poll_seconds: float = 0.2,
+                       timeout_seconds: float = 3600) -> dict:
+    """The stream-stream join of `run_streaming`, run continuously while `photon gen --follow`
+    writes the logs: default trigger (a micro-batch as soon as the previous one ends), every new
+    file in each micro-batch, the Delta sink committing each one. Complete files are shipped into
+    its source directories every poll_seconds; once the generator has written its summary, the
+    last files are shipped, everything available is processed and the query stops.
+
+    The table is left in out_dir/streaming-live/joined_clicks, whose Delta log gives each click's
+    visible time, as for Photon."""
+    from resources.spark import delta_session
+
+    started = time.monotonic()
+    spark = delta_session()
+    session_start_seconds = round(time.monotonic() - started, 3)
+    data_dir, out = Path(data_dir), Path(out_dir) / "streaming-live"
+    shutil.rmtree(out, ignore_errors=True)
+    shipped_root = out / "shipped"
+    streams = ("query", "click")
+    for stream in streams:
+        stream_dir(shipped_root, datacenter, stream).mkdir(parents=True)
+    table = out / "joined_clicks"
+    shipped: set[Path] = set()
+    failure: list[BaseException] = []
+
+    def ship_until_generator_done() -> None:
+        try:
+            while True:
+                # Read before listing: once the summary exists, every file listed after is complete.
+                done = (data_dir / SUMMARY_FILE).exists()
+                for stream in streams:
+                    ship_completed_files(stream_dir(data_dir, datacenter, stream),
+                                         stream_dir(shipped_root, datacenter, stream), shipped, done)
+                if done:
+                    return
+                time.sleep(poll_seconds)
+        except BaseException as error:  # surfaced in the main thread
+            failure.append(error)
+
+    settings = {**STATE_STORE_CONF, "spark.sql.streaming.numRecentProgressUpdates": "1000000"}
+    with session_conf(spark, settings):
+        frame = joined_click_stream(spark, shipped_root, datacenter, watermark, join_window, None)
+        query = (frame.writeStream.format("delta").outputMode("append")
+                 .option("checkpointLocation", str(out / "checkpoint")).start(str(table)))
+        shipper = threading.Thread(target=ship_until_generator_done, daemon=True)
+        shipper.start()
+        shipper.join(timeout_seconds)
+        if failure or shipper.is_alive():
+            query.stop()
+            if failure:
+                raise failure[0]
+            raise SystemExit(f"the generator had not finished after {timeout_seconds} s")
+        query.processAllAvailable()
+        query.stop()
+        progress = [batch for batch in query.recentProgress if batch["numInputRows"] > 0]
+        result = spark.read.format("delta").load(str(table))
+        joined_rows = result.count()
+        joined_ids = {row.click_id for row in result.select("click_id").distinct().collect()}
+    dropped: dict[str, int] = {}
+    for batch in progress:
+        for operator in batch["stateOperators"]:
+            dropped[operator["operatorName"]] = (dropped.get(operator["operatorName"], 0)
+                                                 + operator.get("numRowsDroppedByWatermark", 0))
+    batch_seconds = sorted(batch["durationMs"]["triggerExecution"] / 1e3 for batch in progress)
+    return {
+        "peer": "spark_structured_streaming_live",
+        "spark_version": spark.version,
+        "watermark": watermark,
+        "join_window": join_window,
+        "trigger": "default (next micro-batch as soon as the previous one ends)",
+        "state_store": STATE_STORE_CONF["spark.sql.streaming.stateStore.providerClass"].rsplit(".", 1)[1],
+        "session_start_seconds": session_start_seconds,
+        "files_shipped": len(shipped),
+        "micro_batches_with_input": len(progress),
+        "micro_batch_seconds": {"p50": batch_seconds[len(batch_seconds) // 2] if batch_seconds else None,
+                                "max": batch_seconds[-1] if batch_seconds else None,
+                                "mean": round(sum(batch_seconds) / len(batch_seconds), 3) if batch_seconds else None},
+        "input_rows": sum(batch["numInputRows"] for batch in progress),
+        "rows_dropped_by_watermark": dropped,
+        "joined_rows": joined_rows,
+        "joined_distinct_clicks": len(joined_ids),
+        "duplicates_in_one_run": joined_rows - len(joined_ids),
+        "jvm_peak_rss_bytes": jvm_peak_rss_bytes(spark),
+        "table": str(table),
+        "correctness": compare_with_truth(joined_ids, ground_truth(data_dir)),
+    }
+
+
 # -- command line --------------------------------------------------------------
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     peers = parser.add_subparsers(dest="peer", required=True)
-    for name in ("duckdb", "streaming"):
+    for name in ("duckdb", "spark-batch", "streaming", "streaming-live"):
         sub = peers.add_parser(name)
         sub.add_argument("--data-dir", required=True, type=Path, help="a `photon gen` data directory")
         sub.add_argument("--out-dir", type=Path, help="where outputs go (default: a temporary directory, removed)")
         sub.add_argument("--datacenter", default="dc1", help="the log replica to read")
+    for name in ("streaming", "streaming-live"):
+        peers.choices[name].add_argument("--watermark", default="10 minutes",
+                                         help="event-time delay of both watermarks")
+        peers.choices[name].add_argument("--join-window", default="10 minutes",
+                                         help="click time <= query time + this")
+    peers.choices["streaming-live"].add_argument("--timeout-seconds", type=float, default=3600,
+                                                 help="give up if the generator has not finished by then")
     streaming = peers.choices["streaming"]
-    streaming.add_argument("--watermark", default="10 minutes", help="event-time delay of both watermarks")
-    streaming.add_argument("--join-window", default="10 minutes", help="click time <= query time + this")
     streaming.add_argument("--max-files-per-trigger", type=int, default=4,
                            help="files per source and micro-batch; 0: no limit (the backlog in one micro-batch)")
     streaming.add_argument("--no-replay", dest="replay", action="store_false",
@@ -380,6 +560,11 @@ def main() -> None:
     try:
         if args.peer == "duckdb":
             result = run_duckdb(args.data_dir, out_dir, args.datacenter)
+        elif args.peer == "spark-batch":
+            result = run_spark_batch(args.data_dir, out_dir, args.datacenter)
+        elif args.peer == "streaming-live":
+            result = run_streaming_live(args.data_dir, out_dir, args.datacenter, args.watermark, args.join_window,
+                                        timeout_seconds=args.timeout_seconds)
         else:
             result = run_streaming(args.data_dir, out_dir, args.datacenter, args.watermark, args.join_window,
                                    args.max_files_per_trigger or None, replay=args.replay)

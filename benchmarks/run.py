@@ -4,9 +4,9 @@ Every system runs in its own process on the same generated logs (`photon gen`, f
 after the other, nothing else running; a sampler adds up the resident memory of the process and
 all its descendants (Python, the JVM, the registry server) every 0.2 s for the peak.
 
-    python benchmarks/run.py backlog [--queries 2000000] [--seed 2026] [--systems photon,duckdb,streaming]
+    python benchmarks/run.py backlog [--queries 2000000] [--seed 2026] [--systems photon,duckdb,spark-batch,streaming]
     python benchmarks/run.py scaling [--base-queries 250000] [--factors 1,2,4,8] [--systems photon,duckdb]
-    python benchmarks/run.py live [--rate 1000] [--duration-s 300] [--drain-timeout-s 600]
+    python benchmarks/run.py live [--rate 1000] [--duration-s 300] [--drain-timeout-s 600] [--systems photon,streaming]
     python benchmarks/run.py batch-cost
 
 Each writes `benchmarks/results/<date>-<workload>.json` (`--results-dir`) and a PNG chart next to
@@ -17,14 +17,16 @@ Workloads:
   click lines duplicated (`photon gen --late-query-share 0.02 --duplicate-click-share 0.01`), ten
   clicks per hundred queries. Wall time to done, joined clicks/s, input MB/s, peak memory, and
   bytes written per input byte (output tables, registry, state and the Dagster instance for Photon;
-  output and checkpoint for Structured Streaming; the Parquet file for DuckDB).
+  output and checkpoint for Structured Streaming; the Parquet output of the DuckDB and Spark batches).
 - **scaling**: the backlog at several sizes; the growth exponent of wall time between the smallest
   and the largest (1.0 is linear). With the defaults the largest (8 x 250,000 queries) is the backlog
   workload itself, and its point is also written as the backlog result.
 - **live**: `photon gen --follow` appends at a fixed rate with wall-clock timestamps while one
-  `photon run --until-idle --min-seconds` tails the logs. A click's latency is Photon's: the commit
-  time of the `joined_clicks` version that first contains it (from the Delta log) minus the click's
-  `timestamp_us`. The backlog (bytes on disk not yet cut into a work unit) is sampled every 5 s.
+  `photon run --until-idle --min-seconds` tails the logs; then, on a new generator run with the same
+  seed and rate, Structured Streaming's join runs continuously (`peers.py streaming-live`). A
+  click's latency is Photon's definition for both: the commit time of the version of the joined
+  Delta table that first contains it (from the Delta log) minus the click's `timestamp_us`.
+  Photon's backlog (bytes on disk not yet cut into a work unit) is sampled every 5 s.
 - **batch-cost**: the fixed cost of a micro-batch when each run gets its own process and JVM
   (what Dagster's default run launcher does) against runs inside `photon run`'s process, which
   share one Spark session.
@@ -52,7 +54,7 @@ RESULTS = REPO / "benchmarks" / "results"
 PYTHON = sys.executable
 MB = 1_000_000
 BACKLOG_MIN_QUERIES = 2_000_000  # the issue's backlog workload: at least 2 million queries
-SYSTEM_LABELS = {"photon": "Photon (photon run)", "duckdb": "DuckDB batch",
+SYSTEM_LABELS = {"photon": "Photon (photon run)", "duckdb": "DuckDB batch", "spark-batch": "Spark batch",
                  "streaming": "Spark Structured Streaming"}
 # Photon's state besides its output tables: all of it is written per input byte.
 PHOTON_STATE_DIRS = ("warehouse", "registry", "state", "dagster")
@@ -271,6 +273,12 @@ def targets(results: dict) -> dict:
         out["wall_over_duckdb_join"] = round(photon["wall_seconds"] / results["duckdb"]["wall_seconds"], 1)
         out["wall_over_duckdb_process"] = round(photon["wall_seconds"] / process_wall(results["duckdb"]), 1)
         out["within_10x_of_duckdb"] = out["wall_over_duckdb_process"] <= 10
+    if "spark-batch" in results:
+        # The same join once on Photon's engine: what Spark alone costs on this machine.
+        spark_batch = process_wall(results["spark-batch"])
+        out["wall_over_spark_batch_process"] = round(photon["wall_seconds"] / spark_batch, 1)
+        if "duckdb" in results:
+            out["spark_batch_over_duckdb_process"] = round(spark_batch / process_wall(results["duckdb"]), 1)
     return out
 
 
@@ -348,6 +356,17 @@ def percentiles(values: list[float]) -> dict:
 
 
 def live(args, work: Path) -> dict:
+    """Each system in turn tails its own generator run (same seed and rate), nothing else running."""
+    systems = {}
+    for system in args.systems:
+        print(f"  {system} ...", file=sys.stderr, flush=True)
+        systems[system] = live_run(system, args, work / system)
+    return {"workload": {"rate_clicks_per_second": args.rate, "duration_seconds": args.duration_s,
+                         "late_query_share": args.late_query_share, "seed": args.seed},
+            "systems": systems}
+
+
+def live_run(system: str, args, work: Path) -> dict:
     data_dir = work / "live"
     gen = Measured(photon_command("gen", "--data-dir", str(data_dir), "--follow", "--rate", str(args.rate),
                                   "--duration-s", str(args.duration_s), "--seed", str(args.seed),
@@ -356,22 +375,28 @@ def live(args, work: Path) -> dict:
     while not (data_dir / "logs" / "dc1" / "click").is_dir():
         time.sleep(0.1)
     started = time.time()
-    photon = Measured(photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
-                                     "--min-seconds", str(args.duration_s),
-                                     "--timeout-seconds", str(args.duration_s + args.drain_timeout_s)),
-                      work / "logs" / "photon.log").start()
+    timeout = str(args.duration_s + args.drain_timeout_s)
+    if system == "photon":
+        table = data_dir / "warehouse" / "joined_clicks"
+        command = photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
+                                 "--min-seconds", str(args.duration_s), "--timeout-seconds", timeout)
+    else:
+        table = work / "out" / "streaming-live" / "joined_clicks"
+        command = [PYTHON, str(REPO / "benchmarks" / "peers.py"), "streaming-live", "--data-dir", str(data_dir),
+                   "--out-dir", str(work / "out"), "--watermark", args.watermark, "--timeout-seconds", timeout]
+    measured = Measured(command, work / "logs" / f"{system}.log").start()
     backlog_samples, generator_end = [], None
-    while photon.process.poll() is None:
+    while measured.process.poll() is None:
         if generator_end is None and gen.process.poll() is not None:
             generator_end = time.time()
-        backlog_samples.append({"t": time.time(), **undispatched_bytes(data_dir)})
-        time.sleep(5)
+        if system == "photon":
+            backlog_samples.append({"t": time.time(), **undispatched_bytes(data_dir)})
+        time.sleep(5 if system == "photon" else 1)
     gen.wait()
     generator_end = generator_end or time.time()
-    stdout = photon.wait()
-    summary = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+    stdout = measured.wait()
+    output = json.loads(stdout.strip().splitlines()[-1] if system == "photon" else stdout) if stdout.strip() else None
     truth = json.loads((data_dir / "gen_summary.json").read_text())
-    table = data_dir / "warehouse" / "joined_clicks"
     latencies = visible_latencies(table) if (table / "_delta_log").is_dir() else []
     by_minute: dict[int, list[float]] = {}
     for ts, latency in latencies:
@@ -379,33 +404,34 @@ def live(args, work: Path) -> dict:
     last_visible = max((ts / 1e6 + latency for ts, latency in latencies), default=None)
     size = log_bytes(data_dir)
     result = {
-        "workload": {"rate_clicks_per_second": args.rate, "duration_seconds": args.duration_s,
-                     "late_query_share": args.late_query_share,
-                     # What the generator achieved (it shares the 2 cores with Photon).
-                     "generated_clicks_per_second": round(truth["click_lines"] / args.duration_s, 1),
-                     "generated_queries_per_second": round(truth["query_events"] / args.duration_s, 1),
-                     "query_events": truth["query_events"], "click_lines": truth["click_lines"],
-                     "input_bytes": size, "input_mb_per_second": round(size / MB / args.duration_s, 2)},
-        "photon_exit_code": photon.returncode,
-        "photon_wall_seconds": photon.wall_seconds,
-        "peak_rss_bytes": photon.peak_rss_bytes,
-        "summary": summary,
+        "system": system,
+        # What the generator achieved (it shares the 2 cores with the system).
+        "generated": {"clicks_per_second": round(truth["click_lines"] / args.duration_s, 1),
+                      "queries_per_second": round(truth["query_events"] / args.duration_s, 1),
+                      "query_events": truth["query_events"], "click_lines": truth["click_lines"],
+                      "input_bytes": size, "input_mb_per_second": round(size / MB / args.duration_s, 2)},
+        "exit_code": measured.returncode,
+        "wall_seconds": measured.wall_seconds,
+        "peak_rss_bytes": max(measured.peak_rss_bytes, (output or {}).get("jvm_peak_rss_bytes") or 0),
+        ("summary" if system == "photon" else "peer"): output,
         "joinable_clicks": len(truth["joinable_click_ids"]),
         "joined_visible": len(latencies),
         "latency_seconds": percentiles([latency for _, latency in latencies]),
-        # Joinable clicks not visible when Photon stopped count as infinitely late here.
+        # Joinable clicks not visible when the system stopped count as infinitely late here.
         "latency_seconds_all_joinable": percentiles(
             [latency for _, latency in latencies] + [math.inf] * (len(truth["joinable_click_ids"]) - len(latencies))),
         "latency_by_minute_of_click_time": {str(m): percentiles(v) for m, v in sorted(by_minute.items())},
         "last_join_after_generator_stopped_seconds": round(last_visible - generator_end, 1) if latencies else None,
-        "backlog_bytes": [{"t": round(s["t"] - started, 1), "query": s["query"], "click": s["click"]}
-                          for s in backlog_samples],
         "latency_histogram": latency_histogram([latency for _, latency in latencies]),
     }
+    if system == "photon":
+        result["backlog_bytes"] = [{"t": round(s["t"] - started, 1), "query": s["query"], "click": s["click"]}
+                                   for s in backlog_samples]
     if args.keep_data:
-        result["data_dir"] = str(data_dir)
+        result["data_dir"] = str(work)
     else:
         shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(work / "out", ignore_errors=True)
     return result
 
 
@@ -495,7 +521,7 @@ def backlog_chart(result: dict, path: Path, title: str) -> None:
     names = list(result["systems"])
     fig, ax = plt.subplots(figsize=(7, 4))
     values = [result["systems"][n]["joined_distinct_clicks"] / process_wall(result["systems"][n]) for n in names]
-    bars = ax.bar([SYSTEM_LABELS[n] for n in names], values, color=["#d62728", "#1f77b4", "#ff7f0e"][:len(names)])
+    bars = ax.bar([SYSTEM_LABELS[n] for n in names], values, color=["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e"][:len(names)])
     ax.bar_label(bars, fmt="%.0f")
     ax.set_ylabel("joined clicks per second (wall time to done)")
     ax.set_yscale("log")
@@ -544,25 +570,37 @@ def live_chart(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    histogram = result["latency_histogram"]
-    if histogram["counts"]:
-        start, width = histogram["first_bin_seconds"], histogram["bin_seconds"]
-        edges = [start + i * width for i in range(len(histogram["counts"]) + 1)]
-        left.stairs(histogram["counts"], edges, fill=True, color="#d62728")
-        for q in ("p50", "p90", "p99"):
-            left.axvline(result["latency_seconds"][q], linestyle="--", color="black", linewidth=0.8)
-            left.text(result["latency_seconds"][q], left.get_ylim()[1] * 0.9, q, rotation=90)
-    left.set_xlabel("seconds from click to visible in joined_clicks")
-    left.set_ylabel("clicks")
-    left.set_title(f"Live, {result['workload']['rate_clicks_per_second']:g} clicks/s: latency")
-    samples = result["backlog_bytes"]
-    right.plot([s["t"] for s in samples], [s["query"] / MB for s in samples], label="query bytes not dispatched")
-    right.plot([s["t"] for s in samples], [s["click"] / MB for s in samples], label="click bytes not dispatched")
-    right.set_xlabel("seconds since start")
-    right.set_ylabel("MB")
-    right.set_title("Backlog")
-    right.legend()
+    fig, (latency, by_minute, backlog) = plt.subplots(1, 3, figsize=(16, 4))
+    colors = {"photon": "#d62728", "streaming": "#1f77b4"}
+    for system, run in result["systems"].items():
+        label, color = SYSTEM_LABELS[system], colors.get(system, "gray")
+        histogram = run["latency_histogram"]
+        if histogram["counts"]:
+            start, width = histogram["first_bin_seconds"], histogram["bin_seconds"]
+            edges = [start + i * width for i in range(len(histogram["counts"]) + 1)]
+            latency.stairs(histogram["counts"], edges, fill=True, alpha=0.5, color=color,
+                           label=f"{label}: p90 {run['latency_seconds']['p90']} s")
+            latency.axvline(run["latency_seconds"]["p90"], linestyle="--", color=color, linewidth=0.8)
+        minutes = run["latency_by_minute_of_click_time"]
+        by_minute.plot([int(m) for m in minutes], [minutes[m].get("p90") for m in minutes], marker="o",
+                       color=color, label=label)
+        for key, style in (("query", "-"), ("click", ":")):
+            samples = run.get("backlog_bytes", [])
+            if samples:
+                backlog.plot([s["t"] for s in samples], [s[key] / MB for s in samples], style, color=color,
+                             label=f"{key} bytes not dispatched")
+    latency.set_xlabel("seconds from click to visible in joined_clicks")
+    latency.set_ylabel("clicks")
+    latency.set_title(f"Live, {result['workload']['rate_clicks_per_second']:g} clicks/s: latency")
+    latency.legend()
+    by_minute.set_xlabel("minute of click time")
+    by_minute.set_ylabel("p90 latency (s)")
+    by_minute.set_title("p90 per minute: bounded?")
+    by_minute.legend()
+    backlog.set_xlabel("seconds since start")
+    backlog.set_ylabel("MB")
+    backlog.set_title("Photon's backlog")
+    backlog.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -590,7 +628,8 @@ def main() -> None:
     for name in ("backlog", "scaling"):
         sub = workloads.add_parser(name)
         sub.add_argument("--seed", type=int, default=2026)
-        sub.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "duckdb", "streaming"])
+        sub.add_argument("--systems", type=lambda s: s.split(","),
+                         default=["photon", "duckdb", "spark-batch", "streaming"])
         # About one Photon query work unit (32 MiB of 256 KiB files) per trigger.
         sub.add_argument("--files-per-trigger", type=int, default=128)
         sub.add_argument("--watermark", default="10 minutes")
@@ -604,6 +643,8 @@ def main() -> None:
     live_options.add_argument("--drain-timeout-s", type=float, default=600.0,
                               help="after the generator stops, give Photon this long to finish")
     live_options.add_argument("--late-query-share", type=float, default=0.0)
+    live_options.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "streaming"])
+    live_options.add_argument("--watermark", default="10 minutes", help="Structured Streaming's watermarks")
     live_options.add_argument("--seed", type=int, default=2026)
     live_options.add_argument("--name", default="live", help="result file name (several rates)")
     live_options.add_argument("--keep-data", action="store_true",
@@ -641,7 +682,8 @@ def main() -> None:
             result = live(args, work)
             path = write(args.name, result, args)
             live_chart(result, path.with_suffix(".png"))
-            print(json.dumps({k: v for k, v in result.items() if k not in ("latencies", "backlog_bytes")}, indent=2))
+            print(json.dumps({system: {k: v for k, v in run.items() if k not in ("backlog_bytes", "latency_histogram")}
+                              for system, run in result["systems"].items()}, indent=2))
         else:
             result = batch_cost(args, work)
             path = write("batch_cost", result, args)

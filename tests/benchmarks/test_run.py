@@ -41,18 +41,24 @@ def test_backlog_compares_photon_with_duckdb_on_the_same_logs(tmp_path):
 
 
 def test_live_measures_the_latency_of_every_joined_click(tmp_path):
-    """While the generator appends, one `photon run --min-seconds` keeps tailing; every joinable
-    click becomes visible and gets a latency (commit time minus click time) that is positive."""
+    """While the generator appends, one `photon run --min-seconds` keeps tailing; then Structured
+    Streaming tails a second generator run. Every joinable click becomes visible in each system's
+    table once and gets a latency (commit time minus click time) that is positive."""
     result = bench(tmp_path, "live", "--rate", "5", "--duration-s", "20", "--drain-timeout-s", "300")
-    assert result["photon_exit_code"] == 0
-    assert result["joined_visible"] == result["joinable_clicks"] > 0
-    latency = result["latency_seconds"]
-    assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
-    assert result["latency_seconds_all_joinable"]["p99"] == latency["p99"]
-    assert len(result["backlog_bytes"]) >= 4
-    assert sum(result["latency_histogram"]["counts"]) == result["joined_visible"]
+    assert set(result["systems"]) == {"photon", "streaming"}
+    for run in result["systems"].values():
+        assert run["exit_code"] == 0
+        assert run["joined_visible"] == run["joinable_clicks"] > 0
+        latency = run["latency_seconds"]
+        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+        assert run["latency_seconds_all_joinable"]["p99"] == latency["p99"]
+        assert sum(run["latency_histogram"]["counts"]) == run["joined_visible"]
+    photon, streaming = result["systems"]["photon"], result["systems"]["streaming"]
+    assert len(photon["backlog_bytes"]) >= 4
     # Photon ran at least as long as the generator wrote: it did not go idle between appends.
-    assert result["photon_wall_seconds"] >= 20
+    assert photon["wall_seconds"] >= 20
+    assert streaming["peer"]["correctness"]["joined_equals_truth"]
+    assert streaming["peer"]["duplicates_in_one_run"] == 0
 
 
 def test_percentiles_count_never_visible_clicks_as_missing():
