@@ -55,9 +55,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
-import os
 import shutil
 import tempfile
 import threading
@@ -173,59 +173,6 @@ def run_duckdb(data_dir: Path, out_dir: Path, datacenter: str = "dc1") -> dict:
     }
 
 
-# -- Spark batch: the same one-shot join on Photon's engine --------------------
-
-def run_spark_batch(data_dir: Path, out_dir: Path, datacenter: str = "dc1", spark=None) -> dict:
-    """DuckDB's batch done by Spark in this project's session: every click and query file read once
-    with an explicit schema, clicks deduplicated by click_id, inner join on query_id, one Parquet
-    write. Spark's floor for this join on this machine: no state, no exactly-once bookkeeping, no
-    incremental progress, the JVM already started (`session_start_seconds` apart)."""
-    from pyspark.sql import functions as F
-
-    from resources.spark import delta_session
-
-    session_start_seconds = None
-    if spark is None:
-        started = time.monotonic()
-        spark = delta_session()
-        session_start_seconds = round(time.monotonic() - started, 3)
-    data_dir, out = Path(data_dir), Path(out_dir) / "spark-batch"
-    shutil.rmtree(out, ignore_errors=True)
-    target = out / "joined_clicks"
-
-    def read(stream: str, schema: str):
-        return (spark.read.schema(schema).option("mode", "DROPMALFORMED").option("recursiveFileLookup", "true")
-                .option("pathGlobFilter", "*.jsonl").json(str(stream_dir(data_dir, datacenter, stream)))
-                .dropna(how="any"))
-
-    started = time.monotonic()
-    clicks = read("click", CLICK_SCHEMA).dropDuplicates(["click_id"])
-    queries = read("query", QUERY_SCHEMA).select(
-        F.col("query_id").alias("q_query_id"), F.struct("query_id", "timestamp_us", "query_text", "ads").alias("query"))
-    (clicks.join(queries, clicks["query_id"] == queries["q_query_id"], "inner").drop("q_query_id")
-     .write.parquet(str(target)))
-    wall = time.monotonic() - started
-
-    written = spark.read.parquet(str(target))
-    joined = written.count()
-    joined_ids = {row.click_id for row in written.select("click_id").collect()}
-    size = input_bytes(data_dir, datacenter)
-    return {
-        "peer": "spark_batch",
-        "spark_version": spark.version,
-        "session_start_seconds": session_start_seconds,
-        "wall_seconds": round(wall, 3),
-        "joined_rows": joined,
-        "joined_distinct_clicks": len(joined_ids),
-        "input_bytes": size,
-        "input_mb_per_second": round(size / MB / wall, 2),
-        "joined_clicks_per_second": round(joined / wall, 1),
-        "output_bytes": tree_bytes(target),
-        "jvm_peak_rss_bytes": jvm_peak_rss_bytes(spark),
-        "correctness": compare_with_truth(joined_ids, ground_truth(data_dir)),
-    }
-
-
 # -- Spark Structured Streaming: stream-stream join ---------------------------
 
 STATE_STORE_CONF = {
@@ -237,6 +184,25 @@ STATE_STORE_CONF = {
     # One state store instance per shuffle partition and stateful operator: 2 for 2 cores.
     "spark.sql.shuffle.partitions": "2",
 }
+
+
+def timed_session(spark=None):
+    """The given session, or this process's own, started now: (session, seconds its start took,
+    None for a given one)."""
+    if spark is not None:
+        return spark, None
+    from resources.spark import delta_session
+
+    started = time.monotonic()
+    spark = delta_session()
+    return spark, round(time.monotonic() - started, 3)
+
+
+def json_source(reader, schema: str):
+    """A batch or streaming reader of every .jsonl under a path (files are nested by writer) with
+    an explicit schema: lines it cannot parse or convert are dropped."""
+    return (reader.format("json").schema(schema).option("mode", "DROPMALFORMED")
+            .option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl"))
 
 
 @contextmanager
@@ -266,8 +232,7 @@ QUERY_SCHEMA = ("query_id STRING, timestamp_us BIGINT, query_text STRING, "
 def json_stream(spark, path: Path, schema: str, max_files_per_trigger: int | None):
     """A file source over every .jsonl under path (files are nested by writer), bad lines dropped
     by the parser and rows missing a required field (the schema holds only those) filtered."""
-    reader = (spark.readStream.format("json").schema(schema).option("mode", "DROPMALFORMED")
-              .option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl"))
+    reader = json_source(spark.readStream, schema)
     if max_files_per_trigger is not None:
         reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
     return reader.load(str(path)).dropna(how="any")
@@ -367,13 +332,7 @@ def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", waterm
     (the file source goes by modification time), a few minutes of event time at a time. With no
     limit, availableNow reads the whole backlog in one micro-batch and the watermark drops nothing.
     """
-    from resources.spark import delta_session
-
-    session_start_seconds = None
-    if spark is None:
-        started = time.monotonic()
-        spark = delta_session()
-        session_start_seconds = round(time.monotonic() - started, 3)
+    spark, session_start_seconds = timed_session(spark)
     data_dir, out = Path(data_dir), Path(out_dir) / "streaming"
     shutil.rmtree(out, ignore_errors=True)
     table = out / "joined_clicks"
@@ -420,6 +379,51 @@ def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", waterm
     }
 
 
+# -- Spark batch: the same one-shot join on Photon's engine --------------------
+
+def run_spark_batch(data_dir: Path, out_dir: Path, datacenter: str = "dc1", spark=None) -> dict:
+    """DuckDB's batch done by Spark in this project's session: every click and query file read once
+    with an explicit schema, clicks deduplicated by click_id, inner join on query_id, one Parquet
+    write. Spark's floor for this join on this machine: no state, no exactly-once bookkeeping, no
+    incremental progress, the JVM already started (`session_start_seconds` apart)."""
+    from pyspark.sql import functions as F
+
+    spark, session_start_seconds = timed_session(spark)
+    data_dir, out = Path(data_dir), Path(out_dir) / "spark-batch"
+    shutil.rmtree(out, ignore_errors=True)
+    target = out / "joined_clicks"
+
+    def read(stream: str, schema: str):
+        return json_source(spark.read, schema).load(str(stream_dir(data_dir, datacenter, stream))).dropna(how="any")
+
+    started = time.monotonic()
+    clicks = read("click", CLICK_SCHEMA).dropDuplicates(["click_id"])
+    queries = read("query", QUERY_SCHEMA).select(
+        F.col("query_id").alias("q_query_id"), F.struct("query_id", "timestamp_us", "query_text", "ads").alias("query"))
+    (clicks.join(queries, clicks["query_id"] == queries["q_query_id"], "inner").drop("q_query_id")
+     .write.parquet(str(target)))
+    wall = time.monotonic() - started
+
+    written = spark.read.parquet(str(target))
+    joined = written.count()
+    joined_ids = {row.click_id for row in written.select("click_id").collect()}
+    size = input_bytes(data_dir, datacenter)
+    return {
+        "peer": "spark_batch",
+        "spark_version": spark.version,
+        "session_start_seconds": session_start_seconds,
+        "wall_seconds": round(wall, 3),
+        "joined_rows": joined,
+        "joined_distinct_clicks": len(joined_ids),
+        "input_bytes": size,
+        "input_mb_per_second": round(size / MB / wall, 2),
+        "joined_clicks_per_second": round(joined / wall, 1),
+        "output_bytes": tree_bytes(target),
+        "jvm_peak_rss_bytes": jvm_peak_rss_bytes(spark),
+        "correctness": compare_with_truth(joined_ids, ground_truth(data_dir)),
+    }
+
+
 # -- Spark Structured Streaming, live: the same join tailing logs being written ----
 
 def ship_completed_files(source: Path, target: Path, shipped: set[Path], all_complete: bool) -> int:
@@ -454,11 +458,7 @@ def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", w
 
     The table is left in out_dir/streaming-live/joined_clicks, whose Delta log gives each click's
     visible time, as for Photon."""
-    from resources.spark import delta_session
-
-    started = time.monotonic()
-    spark = delta_session()
-    session_start_seconds = round(time.monotonic() - started, 3)
+    spark, session_start_seconds = timed_session()
     data_dir, out = Path(data_dir), Path(out_dir) / "streaming-live"
     shutil.rmtree(out, ignore_errors=True)
     shipped_root = out / "shipped"

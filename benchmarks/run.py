@@ -362,7 +362,8 @@ def live(args, work: Path) -> dict:
         print(f"  {system} ...", file=sys.stderr, flush=True)
         systems[system] = live_run(system, args, work / system)
     return {"workload": {"rate_clicks_per_second": args.rate, "duration_seconds": args.duration_s,
-                         "late_query_share": args.late_query_share, "seed": args.seed},
+                         "late_query_share": args.late_query_share, "seed": args.seed,
+                         "streaming_watermark": args.watermark, "streaming_join_window": args.join_window},
             "systems": systems}
 
 
@@ -383,7 +384,8 @@ def live_run(system: str, args, work: Path) -> dict:
     else:
         table = work / "out" / "streaming-live" / "joined_clicks"
         command = [PYTHON, str(REPO / "benchmarks" / "peers.py"), "streaming-live", "--data-dir", str(data_dir),
-                   "--out-dir", str(work / "out"), "--watermark", args.watermark, "--timeout-seconds", timeout]
+                   "--out-dir", str(work / "out"), "--watermark", args.watermark, "--join-window", args.join_window,
+                   "--timeout-seconds", timeout]
     measured = Measured(command, work / "logs" / f"{system}.log").start()
     backlog_samples, generator_end = [], None
     while measured.process.poll() is None:
@@ -570,7 +572,9 @@ def live_chart(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (latency, by_minute, backlog) = plt.subplots(1, 3, figsize=(16, 4))
+    with_backlog = any(run.get("backlog_bytes") for run in result["systems"].values())
+    fig, axes = plt.subplots(1, 3 if with_backlog else 2, figsize=(16 if with_backlog else 11, 4))
+    latency, by_minute = axes[:2]
     colors = {"photon": "#d62728", "streaming": "#1f77b4"}
     for system, run in result["systems"].items():
         label, color = SYSTEM_LABELS[system], colors.get(system, "gray")
@@ -587,7 +591,7 @@ def live_chart(result: dict, path: Path) -> None:
         for key, style in (("query", "-"), ("click", ":")):
             samples = run.get("backlog_bytes", [])
             if samples:
-                backlog.plot([s["t"] for s in samples], [s[key] / MB for s in samples], style, color=color,
+                axes[2].plot([s["t"] for s in samples], [s[key] / MB for s in samples], style, color=color,
                              label=f"{key} bytes not dispatched")
     latency.set_xlabel("seconds from click to visible in joined_clicks")
     latency.set_ylabel("clicks")
@@ -597,10 +601,11 @@ def live_chart(result: dict, path: Path) -> None:
     by_minute.set_ylabel("p90 latency (s)")
     by_minute.set_title("p90 per minute: bounded?")
     by_minute.legend()
-    backlog.set_xlabel("seconds since start")
-    backlog.set_ylabel("MB")
-    backlog.set_title("Photon's backlog")
-    backlog.legend()
+    if with_backlog:
+        axes[2].set_xlabel("seconds since start")
+        axes[2].set_ylabel("MB")
+        axes[2].set_title("Photon's backlog")
+        axes[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -645,6 +650,8 @@ def main() -> None:
     live_options.add_argument("--late-query-share", type=float, default=0.0)
     live_options.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "streaming"])
     live_options.add_argument("--watermark", default="10 minutes", help="Structured Streaming's watermarks")
+    live_options.add_argument("--join-window", default="10 minutes",
+                              help="Structured Streaming's join: click time <= query time + this")
     live_options.add_argument("--seed", type=int, default=2026)
     live_options.add_argument("--name", default="live", help="result file name (several rates)")
     live_options.add_argument("--keep-data", action="store_true",
