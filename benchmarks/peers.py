@@ -270,17 +270,22 @@ def run_stream_once(spark, data_dir: Path, datacenter: str, table: Path, checkpo
     query.awaitTermination()
     wall = time.monotonic() - started
     progress = query.recentProgress
-    dropped = {}
-    for batch in progress:
-        for operator in batch["stateOperators"]:
-            name = operator["operatorName"]
-            dropped[name] = dropped.get(name, 0) + operator.get("numRowsDroppedByWatermark", 0)
     return {
         "wall_seconds": round(wall, 3),
         "micro_batches": len(progress),
         "input_rows": sum(batch["numInputRows"] for batch in progress),
-        "rows_dropped_by_watermark": dropped,
+        "rows_dropped_by_watermark": rows_dropped_by_watermark(progress),
     }
+
+
+def rows_dropped_by_watermark(progress: list) -> dict[str, int]:
+    """Rows each stateful operator dropped as behind its watermark, over a query's micro-batches."""
+    dropped: dict[str, int] = {}
+    for batch in progress:
+        for operator in batch["stateOperators"]:
+            name = operator["operatorName"]
+            dropped[name] = dropped.get(name, 0) + operator.get("numRowsDroppedByWatermark", 0)
+    return dropped
 
 
 def jvm_peak_rss_bytes(spark) -> int | None:
@@ -404,9 +409,8 @@ def run_spark_batch(data_dir: Path, out_dir: Path, datacenter: str = "dc1", spar
      .write.parquet(str(target)))
     wall = time.monotonic() - started
 
-    written = spark.read.parquet(str(target))
-    joined = written.count()
-    joined_ids = {row.click_id for row in written.select("click_id").collect()}
+    ids = [row.click_id for row in spark.read.parquet(str(target)).select("click_id").collect()]
+    joined, joined_ids = len(ids), set(ids)
     size = input_bytes(data_dir, datacenter)
     return {
         "peer": "spark_batch",
@@ -499,14 +503,8 @@ def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", w
         query.processAllAvailable()
         query.stop()
         progress = [batch for batch in query.recentProgress if batch["numInputRows"] > 0]
-        result = spark.read.format("delta").load(str(table))
-        joined_rows = result.count()
-        joined_ids = {row.click_id for row in result.select("click_id").distinct().collect()}
-    dropped: dict[str, int] = {}
-    for batch in progress:
-        for operator in batch["stateOperators"]:
-            dropped[operator["operatorName"]] = (dropped.get(operator["operatorName"], 0)
-                                                 + operator.get("numRowsDroppedByWatermark", 0))
+        ids = [row.click_id for row in spark.read.format("delta").load(str(table)).select("click_id").collect()]
+    joined_rows, joined_ids = len(ids), set(ids)
     batch_seconds = sorted(batch["durationMs"]["triggerExecution"] / 1e3 for batch in progress)
     return {
         "peer": "spark_structured_streaming_live",
@@ -522,7 +520,7 @@ def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", w
                                 "max": batch_seconds[-1] if batch_seconds else None,
                                 "mean": round(sum(batch_seconds) / len(batch_seconds), 3) if batch_seconds else None},
         "input_rows": sum(batch["numInputRows"] for batch in progress),
-        "rows_dropped_by_watermark": dropped,
+        "rows_dropped_by_watermark": rows_dropped_by_watermark(progress),
         "joined_rows": joined_rows,
         "joined_distinct_clicks": len(joined_ids),
         "duplicates_in_one_run": joined_rows - len(joined_ids),

@@ -183,11 +183,15 @@ def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600) ->
     }
 
 
+def peer_command(peer: str, data_dir: Path, out_dir: Path, *options: str) -> list[str]:
+    return [PYTHON, str(REPO / "benchmarks" / "peers.py"), peer, "--data-dir", str(data_dir),
+            "--out-dir", str(out_dir), *options]
+
+
 def run_peer(peer: str, data_dir: Path, out_dir: Path, logs: Path, *options: str) -> dict:
     from benchmarks.peers import tree_bytes
 
-    measured = Measured([PYTHON, str(REPO / "benchmarks" / "peers.py"), peer, "--data-dir", str(data_dir),
-                         "--out-dir", str(out_dir), *options], logs / f"{peer}.log")
+    measured = Measured(peer_command(peer, data_dir, out_dir, *options), logs / f"{peer}.log")
     result = json.loads(measured.run())
     # The sampler can miss the peak of a sub-second process; the process's own high-water marks cannot.
     peak = max(measured.peak_rss_bytes, result.get("peak_rss_bytes") or 0, result.get("jvm_peak_rss_bytes") or 0)
@@ -383,9 +387,8 @@ def live_run(system: str, args, work: Path) -> dict:
                                  "--min-seconds", str(args.duration_s), "--timeout-seconds", timeout)
     else:
         table = work / "out" / "streaming-live" / "joined_clicks"
-        command = [PYTHON, str(REPO / "benchmarks" / "peers.py"), "streaming-live", "--data-dir", str(data_dir),
-                   "--out-dir", str(work / "out"), "--watermark", args.watermark, "--join-window", args.join_window,
-                   "--timeout-seconds", timeout]
+        command = peer_command("streaming-live", data_dir, work / "out", "--watermark", args.watermark,
+                               "--join-window", args.join_window, "--timeout-seconds", timeout)
     measured = Measured(command, work / "logs" / f"{system}.log").start()
     backlog_samples, generator_end = [], None
     while measured.process.poll() is None:
@@ -588,8 +591,8 @@ def live_chart(result: dict, path: Path) -> None:
         minutes = run["latency_by_minute_of_click_time"]
         by_minute.plot([int(m) for m in minutes], [minutes[m].get("p90") for m in minutes], marker="o",
                        color=color, label=label)
+        samples = run.get("backlog_bytes", [])
         for key, style in (("query", "-"), ("click", ":")):
-            samples = run.get("backlog_bytes", [])
             if samples:
                 axes[2].plot([s["t"] for s in samples], [s[key] / MB for s in samples], style, color=color,
                              label=f"{key} bytes not dispatched")
