@@ -1,44 +1,6 @@
-"""The Dagster code location: assets, checks, jobs, sensors and resources, assembled.
+"""The Dagster code location `workspace.yaml` loads (and `photon run`, in process): built by
+`photon/code_location.py` from the environment (PHOTON_DATA_DIR, default ./data; PHOTON_DATACENTERS)."""
 
-The data directory comes from PHOTON_DATA_DIR (default ./data); one set of dispatchers is built per
-datacenter replica found under its logs/ (or listed in PHOTON_DATACENTERS).
-"""
+from photon.code_location import definitions_from_env
 
-from __future__ import annotations
-
-import os
-from pathlib import Path
-
-import dagster as dg
-
-from photon.layout import DATA_DIR_ENV, DataLayout
-from photon_assets.checks import ALL_CHECKS
-from photon_assets.clicks import click_aggregates, join_clicks
-from photon_assets.jobs import ingest_queries_job, join_clicks_job, verify_job
-from photon_assets.queries import ingest_query_logs
-from photon_assets.recovery import recover_lost_clicks_job
-from resources.registry import registry_resource_from_env
-from resources.settings import pipeline_settings
-from resources.spark import SparkResource
-from resources.storage import WarehouseResource
-from sensors.dispatcher import log_dispatcher, pending_dispatcher
-
-data_dir = os.environ.get(DATA_DIR_ENV, "data")
-datacenters = DataLayout(Path(data_dir).resolve()).datacenters()
-
-defs = dg.Definitions(
-    assets=[ingest_query_logs, join_clicks, click_aggregates],
-    asset_checks=ALL_CHECKS,
-    jobs=[ingest_queries_job, join_clicks_job, verify_job, recover_lost_clicks_job],
-    sensors=[
-        sensor
-        for dc in datacenters
-        for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir), pending_dispatcher(dc, data_dir))
-    ],
-    resources={
-        "spark": SparkResource(),
-        "warehouse": WarehouseResource(data_dir=data_dir),
-        "registry": registry_resource_from_env(data_dir),
-        "settings": pipeline_settings(),
-    },
-)
+defs = definitions_from_env()

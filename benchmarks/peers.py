@@ -1,6 +1,6 @@
 """Peer systems for the benchmark: what a data engineer would run instead of Photon.
 
-Both join the click log with the query log of one datacenter replica (DESIGN.md: input logs) and
+Both join the click log with the query log of one datacenter replica (docs/CONTRACTS.md: input logs) and
 compare the joined click ids with the generator's ground truth (`gen_summary.json`).
 
 1. ``duckdb``: the single-node floor. One batch: ``read_json`` of every click and query file,

@@ -1,4 +1,4 @@
-"""`photon gen`, `photon replicate`, `photon run`, `photon registry` (DESIGN.md: command line).
+"""`photon gen`, `photon replicate`, `photon run`, `photon check`, `photon registry` (docs/CONTRACTS.md: command line).
 Errors are one line and exit non-zero."""
 
 import argparse
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from photon import gen
-from photon.layout import DataLayout
+from resources.layout import DataLayout
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -44,6 +44,14 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--min-seconds", type=float, default=0.0,
                    help="keep tailing the logs at least this long before idle counts (logs still being written)")
     r.add_argument("--verbose", action="store_true", help="log every tick and run event")
+
+    c = commands.add_parser("check", help="run every asset check against a data directory, recorded in its"
+                                          " Dagster instance")
+    c.add_argument("--data-dir", required=True, type=Path)
+    c.add_argument("--datacenters", help="comma-separated replicas whose photon run must not be running, locked"
+                                         " during the checks (default: all of them)")
+    c.add_argument("--json", action="store_true", help="print the outcome as one JSON object, last line")
+    c.add_argument("--verbose", action="store_true", help="log every run event")
 
     reg = commands.add_parser("registry", help="the IdRegistry service (shared secret: env PHOTON_REGISTRY_SECRET)")
     actions = reg.add_subparsers(dest="registry_command", required=True, parser_class=OneLineParser)
@@ -150,6 +158,26 @@ def command_run(args) -> int:
     return 0
 
 
+def command_check(args) -> int:
+    from photon.check import ensure_checkable, report, run_checks
+    from photon.runner import RunnerError
+
+    layout = DataLayout(args.data_dir.resolve())
+    ensure_checkable(layout)
+    datacenters = choose_datacenters(layout, args.datacenters)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    log = logging.getLogger("photon")
+    if not args.verbose:
+        for noisy in ("photon", "dagster", "py4j", "alembic"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        checks, run_id = run_checks(layout, datacenters, log, run_log_level="DEBUG" if args.verbose else "CRITICAL")
+    except RunnerError as error:
+        print(f"photon: error: {error}", file=sys.stderr)
+        return 1
+    return report(checks, run_id, args.json, sys.stdout, sys.stderr)
+
+
 def command_registry(args) -> int:
     from resources.registry import SECRET_ENV
     from resources.registry_service import RemoteIdRegistry, serve
@@ -183,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         commands = {"gen": command_gen, "replicate": command_replicate, "run": command_run,
-                    "registry": command_registry}
+                    "check": command_check, "registry": command_registry}
         return commands[args.command](args)
     except ValueError as error:
         print(f"photon: error: {error}", file=sys.stderr)

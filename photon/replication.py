@@ -1,6 +1,6 @@
 """Replication of a log replica (`photon replicate`, `photon gen --replication-lag`).
 
-A replica is a datacenter directory ``logs/<dc>`` (DESIGN.md: input logs). Each
+A replica is a datacenter directory ``logs/<dc>`` (docs/CONTRACTS.md: input logs). Each
 datacenter's pipeline reads its own replica, which may lag behind: hold a
 shorter prefix of a file, or not have a file yet. :func:`replicate` brings a
 target replica forward from a source replica the way a log shipper would:
@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from photon.layout import STREAMS
+from resources.layout import STREAMS
 
 _BLOCK_BYTES = 1 << 20
 # A target file must equal the source in (at least) this many of its last bytes.

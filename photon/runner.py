@@ -12,6 +12,7 @@ materializations and check results of headless runs all show in the UI.
 
 import ctypes
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -33,15 +34,14 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 import dagster._daemon.sensor as sensor_daemon
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from photon.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
+from resources.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
 from resources.registry import ADDRESS_ENV
 from resources.spark import delta_session
 from resources.settings import pipeline_settings
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from photon_assets.jobs import VERIFY_JOB
-from photon_assets.work_unit import PENDING, TAG_DC
-from sensors.retries import UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
+from photon_assets.work_unit import PENDING, TAG_DC, UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
 from spark_ops.tables import tables_locked
 
 IDLE_PASSES = 2  # consecutive sensor passes that launch nothing before the pipeline counts as idle
@@ -169,8 +169,8 @@ def _die_with_parent() -> None:
 @contextmanager
 def registry_service(layout: DataLayout, log: logging.Logger):
     """Uses the registry service at PHOTON_REGISTRY_ADDRESS, or starts a local one on the data
-    directory's registry files for the duration of this `photon run` (DESIGN: the README's commands
-    keep working with nothing else running)."""
+    directory's registry files for the duration of this `photon run` (or `photon check`) (the
+    README's commands keep working with nothing else running)."""
     if os.environ.get(ADDRESS_ENV):
         yield os.environ[ADDRESS_ENV]
         return
@@ -390,11 +390,23 @@ def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: Dat
     return waiting
 
 
-def execute_job(instance: dg.DagsterInstance, job_name: str, tags: dict | None = None):
-    """Runs a job of the code location in this process, as a recorded run of the instance."""
-    from definitions import defs  # only now: it reads the data directory from the environment
+@functools.cache
+def code_location() -> dg.Definitions:
+    """The code location whose jobs this process executes, built once, on first use: it reads the
+    data directory from the environment."""
+    from photon.code_location import definitions_from_env
 
-    return defs.resolve_job_def(job_name).execute_in_process(
+    return definitions_from_env()
+
+
+def execute_job(instance: dg.DagsterInstance, job_name: str, tags: dict | None = None,
+                asset_check_selection: set[dg.AssetCheckKey] | None = None):
+    """Runs a job of the code location in this process, as a recorded run of the instance; with
+    `asset_check_selection`, only those checks of it (a subset run: no asset is materialized)."""
+    job = code_location().resolve_job_def(job_name)
+    if asset_check_selection is not None:
+        job = job.get_subset(asset_check_selection=asset_check_selection)
+    return job.execute_in_process(
         run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
         instance=instance,
         raise_on_error=False,
@@ -402,14 +414,25 @@ def execute_job(instance: dg.DagsterInstance, job_name: str, tags: dict | None =
     )
 
 
-def verify(instance: dg.DagsterInstance, layout: DataLayout) -> dict[str, bool]:
-    """Runs the `verify` job (the aggregate refreshed, then every asset check) as a recorded run of
-    the instance, with every table locked: a pipeline of another datacenter in another process
-    waits at its next commit, so that the checks see one consistent state."""
+def run_verify_job(instance: dg.DagsterInstance, layout: DataLayout, checks_only: bool = False,
+                   tags: dict | None = None):
+    """Runs the `verify` job (the aggregate refreshed, then every asset check; with `checks_only`,
+    the checks alone, reading the tables as they are) as a recorded run of the instance, with every
+    table locked: a pipeline of another datacenter in another process waits at its next commit, so
+    that the checks see one consistent state. Returns the ExecuteInProcessResult."""
     from photon_assets.checks import ALL_CHECKS
 
+    selection = {check.check_key for check in ALL_CHECKS} if checks_only else None
     with tables_locked([layout.table(name) for name in TABLES]):
-        result = execute_job(instance, VERIFY_JOB, tags={"photon/kind": "verify"})
+        return execute_job(instance, VERIFY_JOB, tags=tags or {"photon/kind": "verify"},
+                           asset_check_selection=selection)
+
+
+def verify(instance: dg.DagsterInstance, layout: DataLayout) -> dict[str, bool]:
+    """The `verify` job's verdict per check (see run_verify_job)."""
+    from photon_assets.checks import ALL_CHECKS
+
+    result = run_verify_job(instance, layout)
     passed = {evaluation.check_name: evaluation.passed for evaluation in result.get_asset_check_evaluations()}
     # A check that raised (e.g. a table it reads lost a data file) has no evaluation: it failed.
     return {check.check_key.name: passed.get(check.check_key.name, False) for check in ALL_CHECKS}

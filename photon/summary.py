@@ -1,4 +1,4 @@
-"""The counts `photon run` reports (DESIGN.md: command line), read from the tables and registry."""
+"""The counts `photon run` reports (docs/CONTRACTS.md: command line), read from the tables and registry."""
 
 import os
 import shutil
@@ -6,10 +6,10 @@ import shutil
 import dagster as dg
 from pyspark.sql import functions as F
 
-from photon.layout import TABLES, DataLayout
+from photon_assets.work_unit import work_units_failed_for_good
+from resources.layout import TABLES, DataLayout
 from resources.registry import registry_resource_from_env
 from resources.spark import delta_session
-from sensors.retries import work_units_failed_for_good
 from spark_ops.handoff import unstage
 from spark_ops.tables import read_table
 
@@ -41,6 +41,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
             "datacenters": datacenters,
             "failed_work_units": sorted(work_units_failed_for_good(instance)),
             **materialization_totals(instance, datacenters),
+            "run_cost": run_costs(instance, datacenters),
         }
     finally:
         ledger.unpersist()
@@ -88,3 +89,44 @@ def materialization_totals(instance: dg.DagsterInstance, datacenters: list[str])
         # Photon §4: share of events processed by both joiners (joined here, refused by the registry).
         "wasted_join_share": round(wasted / (joined + wasted), 4) if joined + wasted else None,
     }
+
+
+# The asset of each kind of run whose materialization carries that run's cost (photon_assets/).
+COST_ASSETS = {"query": "query_logs", "click": "joined_clicks", "aggregates": "click_aggregates"}
+
+
+def run_costs(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
+    """Per kind of run, over these datacenters' runs so far: how many, their Spark jobs and Delta
+    commits (totals and per run), their median wall time, and the time of each phase in all."""
+    costs = {}
+    for kind, asset in COST_ASSETS.items():
+        runs, jobs, commits, seconds, phases = 0, 0, 0, [], {}
+        cursor = None
+        while True:
+            page = instance.fetch_materializations(dg.AssetKey(asset), limit=1000, cursor=cursor)
+            for record in page.records:
+                metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}
+                if metadata.get("dc") not in datacenters or "spark_jobs" not in metadata:
+                    continue
+                runs += 1
+                jobs += metadata["spark_jobs"]
+                commits += metadata["delta_commits"]
+                own = {k[len("phase_"):-len("_seconds")]: v for k, v in metadata.items()
+                       if k.startswith("phase_") and k.endswith("_seconds")}
+                seconds.append(sum(own.values()))
+                for name, value in own.items():
+                    phases[name] = round(phases.get(name, 0.0) + value, 3)
+            if not page.has_more:
+                break
+            cursor = page.cursor
+        seconds.sort()
+        costs[kind] = {
+            "runs": runs,
+            "spark_jobs": jobs,
+            "delta_commits": commits,
+            "spark_jobs_per_run": round(jobs / runs, 1) if runs else None,
+            "delta_commits_per_run": round(commits / runs, 2) if runs else None,
+            "median_seconds": round(seconds[len(seconds) // 2], 3) if seconds else None,
+            "phase_seconds": phases,
+        }
+    return costs

@@ -1,4 +1,4 @@
-"""Asset checks that prove the invariants of DESIGN.md on the tables as they are.
+"""Asset checks that prove the invariants of docs/CONTRACTS.md on the tables as they are.
 
 Each reports its counts as metadata whether it passes or fails. Ids registered by a work unit that
 has not finished yet (running, or failed and awaiting its retry) are in flight: their output may
@@ -15,10 +15,10 @@ import dagster as dg
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from photon_assets.work_unit import work_units_in_flight
 from resources.registry import IdRegistryResource
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from sensors.retries import work_units_in_flight
 from spark_ops.aggregates import aggregate_clicks
 from spark_ops.handoff import unstage
 from spark_ops.tables import read_table

@@ -8,17 +8,18 @@ import dagster as dg
 from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
-from photon import faults
-from photon_assets.work_unit import PENDING, TAG_PENDING, WorkUnitConfig
+from photon_assets.work_unit import PENDING, TAG_DC, WorkUnitConfig
+from resources import faults
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from sensors.stream_state import PendingDigest, QueryCache, QueryProgress, pending_retry_decision
+from resources.stream_state import PendingDigest, QueryCache, QueryProgress, pending_retry_decision
 from spark_ops.aggregates import aggregate_clicks, refresh_aggregates
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
-from spark_ops.join import click_columns, join_work_unit, load_adapter
+from spark_ops.join import JoinStats, click_columns, join_work_unit, load_adapter
+from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events, parse_ranges
 from spark_ops.pending import PendingPolicy
 from spark_ops.tables import ensure_table, latest_snapshot, overwrite, read_table, row_count, table_lock
@@ -85,18 +86,66 @@ def join_clicks(
     registry: IdRegistryResource,
     settings: PipelineSettings,
 ):
-    phases: dict[str, float] = {}
-    mark = time.monotonic()
+    with metered() as meter, spark.jobs_counted(f"{context.run_id}/join_clicks") as spark_jobs:
+        session = spark.session()
+        meter.phase("spark_session")
+        tables = warehouse.tables()
+        ingest, stats, digest = join_pass(config, session, warehouse, registry, settings, tables, meter)
+        common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
+        ledger_rows = row_count(session, "click_ledger", tables["click_ledger"])
+        joined_rows = row_count(session, "joined_clicks", tables["joined_clicks"])
+        unjoinable_rows = row_count(session, "unjoinable_clicks", tables["unjoinable_clicks"])
+        meter.phase("row_counts")
+        cost = {**meter.metadata(), "spark_jobs": spark_jobs()}
+    yield dg.MaterializeResult(
+        asset_key="click_ledger",
+        metadata={
+            **common,
+            "dagster/row_count": ledger_rows,
+            "click_lines": ingest.events,
+            "quarantined_lines": ingest.quarantined,
+            "bytes_read": ingest.bytes_read,
+        },
+    )
+    lag = None if ingest.max_timestamp_us is None else time.time() - ingest.max_timestamp_us / 1e6
+    yield dg.MaterializeResult(
+        asset_key="joined_clicks",
+        metadata={
+            **common,
+            "dagster/row_count": joined_rows,
+            **{f"clicks_{k}": v for k, v in stats.counts().items() if not k.startswith(("cache_", "logs_", "not_"))},
+            **{f"eventstore_{k}": v for k, v in stats.counts().items() if k.startswith(("cache_", "logs_", "not_"))},
+            "eventstore_cache_hit_ratio": dg.FloatMetadataValue(
+                stats.cache_hits / (stats.cache_hits + stats.logs_hits + stats.not_found)
+                if stats.cache_hits + stats.logs_hits + stats.not_found else None
+            ),
+            "pending_clicks_in_dc": digest.pending,
+            "event_time_lag_seconds": dg.FloatMetadataValue(lag),
+            **{f"phase_{k}_seconds": v for k, v in stats.phase_seconds.items()},
+            **cost,
+        },
+    )
+    yield dg.MaterializeResult(
+        asset_key="unjoinable_clicks",
+        metadata={
+            **common,
+            "dagster/row_count": unjoinable_rows,
+            "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old,
+        },
+    )
 
-    def phase(name: str) -> None:
-        nonlocal mark
-        now = time.monotonic()
-        phases[name] = round(now - mark, 3)
-        mark = now
 
-    session = spark.session()
-    phase("spark_session")
-    tables = warehouse.tables()
+def join_pass(
+    config: WorkUnitConfig,
+    session,
+    warehouse: WarehouseResource,
+    registry: IdRegistryResource,
+    settings: PipelineSettings,
+    tables: dict[str, str],
+    meter: PassMeter,
+) -> tuple[IngestStats, JoinStats, PendingDigest]:
+    """One click work unit: its new lines parsed and recorded in the ledger, joined with the due
+    pending clicks, and what is still pending summed up for the sensors."""
     ingest = IngestStats()
     parsed = None
     # Read before the EventStore's tables: the progress never claims more than they hold.
@@ -115,7 +164,7 @@ def join_clicks(
             parsed = parse_ranges(
                 session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
             ).persist(StorageLevel.MEMORY_AND_DISK)
-            ingest = ingest_clicks(parsed, config.dc, config.work_unit, tables)
+            ingest = ingest_clicks(parsed, config.dc, config.work_unit, config.attempt, tables)
             clicks = click_columns(events(parsed))
             # Pending clicks that query data arrived for are retried here rather than by a run of
             # their own: a live pass then pays one click run's fixed cost, not two.
@@ -125,13 +174,14 @@ def join_clicks(
             ).ready
             if retrying_pending:
                 clicks = clicks.unionByName(due_pending())
-        phase("parse_and_ledger")
+        meter.phase("parse_and_ledger")
         stats = join_work_unit(
             session,
             clicks,
             event_store(session, tables, warehouse, config.dc, settings, progress),
             registry.get(),
             config.token,
+            config.attempt,
             config.dc,
             warehouse.staging_dir(config.work_unit, config.attempt),
             tables,
@@ -143,48 +193,11 @@ def join_clicks(
     finally:
         if parsed is not None:
             parsed.unpersist()
-    phase("join_total")
+    meter.phase("join_total")
     digest = policy.digest(session, tables["pending_clicks"], config.dc)
     digest.save(warehouse.layout.pending_digest_file(config.dc))
-    phase("pending_digest")
-    # The pending-retry sensor reads this to know whether this datacenter has clicks waiting.
-    context.instance.add_run_tags(context.run_id, {TAG_PENDING: str(digest.pending)})
-    common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
-    yield dg.MaterializeResult(
-        asset_key="click_ledger",
-        metadata={
-            **common,
-            "dagster/row_count": row_count(session, "click_ledger", tables["click_ledger"]),
-            "click_lines": ingest.events,
-            "quarantined_lines": ingest.quarantined,
-            "bytes_read": ingest.bytes_read,
-        },
-    )
-    lag = None if ingest.max_timestamp_us is None else time.time() - ingest.max_timestamp_us / 1e6
-    yield dg.MaterializeResult(
-        asset_key="joined_clicks",
-        metadata={
-            **common,
-            "dagster/row_count": row_count(session, "joined_clicks", tables["joined_clicks"]),
-            **{f"clicks_{k}": v for k, v in stats.counts().items() if not k.startswith(("cache_", "logs_", "not_"))},
-            **{f"eventstore_{k}": v for k, v in stats.counts().items() if k.startswith(("cache_", "logs_", "not_"))},
-            "eventstore_cache_hit_ratio": dg.FloatMetadataValue(
-                stats.cache_hits / (stats.cache_hits + stats.logs_hits + stats.not_found)
-                if stats.cache_hits + stats.logs_hits + stats.not_found else None
-            ),
-            "pending_clicks_in_dc": digest.pending,
-            "event_time_lag_seconds": dg.FloatMetadataValue(lag),
-            **{f"phase_{k}_seconds": v for k, v in {**phases, **stats.phase_seconds}.items()},
-        },
-    )
-    yield dg.MaterializeResult(
-        asset_key="unjoinable_clicks",
-        metadata={
-            **common,
-            "dagster/row_count": row_count(session, "unjoinable_clicks", tables["unjoinable_clicks"]),
-            "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old,
-        },
-    )
+    meter.phase("pending_digest")
+    return ingest, stats, digest
 
 
 @dg.asset(
@@ -197,25 +210,27 @@ def join_clicks(
 def click_aggregates(
     context: dg.AssetExecutionContext, spark: SparkResource, warehouse: WarehouseResource
 ) -> dg.MaterializeResult:
-    session = spark.session()
-    tables = warehouse.tables()
-    path = tables["click_aggregates"]
-    ensure_table(session, "click_aggregates", path)
-    # The work unit a click run just joined; none in `verify` (or a run from the UI): everything.
-    unit = context.run.run_config.get("ops", {}).get("join_clicks", {}).get("config", {}).get("work_unit")
-    # Held from the snapshot to the commit: refreshes commit in snapshot order, so none replaces a
-    # key's value with an older one (two datacenters' click runs refresh concurrently).
-    with table_lock(path):
-        version, snapshot = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
-        if unit is None:
-            overwrite(aggregate_clicks(snapshot), "click_aggregates", path)
-            refreshed = "all"
-        else:
-            refreshed = "work_unit" if refresh_aggregates(snapshot, unit, path) else "none"
+    with metered() as meter, spark.jobs_counted(f"{context.run_id}/click_aggregates") as spark_jobs:
+        session = spark.session()
+        tables = warehouse.tables()
+        path = tables["click_aggregates"]
+        ensure_table(session, "click_aggregates", path)
+        # The work unit a click run just joined; none in `verify` (or a run from the UI): everything.
+        unit = context.run.run_config.get("ops", {}).get("join_clicks", {}).get("config", {}).get("work_unit")
+        # Held from the snapshot to the commit: refreshes commit in snapshot order, so none replaces a
+        # key's value with an older one (two datacenters' click runs refresh concurrently).
+        with table_lock(path):
+            version, snapshot = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
+            if unit is None:
+                overwrite(aggregate_clicks(snapshot), "click_aggregates", path)
+                refreshed = "all"
+            else:
+                refreshed = "work_unit" if refresh_aggregates(snapshot, unit, path) else "none"
+        meter.phase("refresh")
+        rows = row_count(session, "click_aggregates", path)
+        meter.phase("row_counts")
+        cost = {**meter.metadata(), "spark_jobs": spark_jobs()}
     return dg.MaterializeResult(
-        metadata={
-            "dagster/row_count": row_count(session, "click_aggregates", path),
-            "joined_clicks_version": version,
-            "refreshed": refreshed,
-        }
+        metadata={"dagster/row_count": rows, "joined_clicks_version": version, "refreshed": refreshed,
+                  **({"dc": context.run.tags[TAG_DC]} if TAG_DC in context.run.tags else {}), **cost}
     )

@@ -10,9 +10,10 @@ from photon_assets.work_unit import WorkUnitConfig
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from sensors.stream_state import QueryCache, QueryProgress
+from resources.stream_state import QueryCache, QueryProgress
 from spark_ops.event_store import evict_from_cache
-from spark_ops.ingest import ingest_queries, line_stats
+from spark_ops.ingest import IngestStats, ingest_queries, line_stats
+from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import parse_ranges
 from spark_ops.tables import row_count
 
@@ -50,72 +51,101 @@ def ingest_query_logs(
     warehouse: WarehouseResource,
     settings: PipelineSettings,
 ):
-    started = time.monotonic()
-    session = spark.session()
-    tables = warehouse.tables()
-    parsed = parse_ranges(
-        session, "query", warehouse.stream_dir(config.dc, "query"), config.byte_ranges(), settings.max_line_bytes
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    progress_file = warehouse.layout.query_progress_file(config.dc)
-    cache_file = warehouse.layout.query_cache_file(config.dc)
-    try:
-        stats = line_stats(parsed, by_writer=True)
-        newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for _, ts in stats.writers.values())], default=0)
-        boundary = cache_boundary_us(newest or None, settings.query_cache_retention_seconds)
-        if boundary is not None:
-            QueryCache.caching_from(cache_file, boundary)
-        entries_added = ingest_queries(
-            parsed,
-            stats,
-            config.dc,
-            config.work_unit,
-            tables,
-            settings.log_file_map_every_seconds,
-            settings.log_file_map_every_bytes,
-            cache_since_us=boundary,
-        )
-    finally:
-        parsed.unpersist()
-    # Only after the appends: a click run that reads this progress finds these queries in a table.
-    QueryProgress.merge(progress_file, stats.writers)
-    if stats.writers:
-        # A lower bound of what this unit cached: nothing older than the boundary went in.
-        oldest = min(ts for ts, _ in stats.writers.values())
-        cache = QueryCache.cached(cache_file, oldest if boundary is None else max(oldest, boundary))
-    else:
-        cache = QueryCache.load(cache_file)
-    evicted, scanned = 0, False
-    if boundary is not None and cache.needs_eviction(boundary):
-        evicted, oldest_kept = evict_from_cache(
-            session, tables["query_logs"], config.dc, boundary, settings.query_cache_vacuum_retain_hours
-        )
-        QueryCache.scanned(cache_file, boundary if oldest_kept is None else oldest_kept)
-        scanned = True
+    with metered() as meter, spark.jobs_counted(f"{context.run_id}/ingest_query_logs") as spark_jobs:
+        session = spark.session()
+        tables = warehouse.tables()
+        stats, boundary, entries_added = ingest_pass(config, session, warehouse, settings, tables, meter)
+        evicted, scanned = evict_pass(config, session, warehouse, settings, tables, boundary, stats)
+        meter.phase("evict")
+        cached_rows = row_count(session, "query_logs", tables["query_logs"])
+        map_rows = row_count(session, "log_file_map", tables["log_file_map"])
+        meter.phase("row_counts")
+        cost = {**meter.metadata(), "spark_jobs": spark_jobs()}
     lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
     common = {
         "dc": config.dc,
         "work_unit": config.work_unit,
         "bytes_read": stats.bytes_read,
         "quarantined_lines": stats.quarantined,
-        "seconds": round(time.monotonic() - started, 3),
+        "seconds": round(sum(meter.phases.values()), 3),
     }
     yield dg.MaterializeResult(
         asset_key="query_logs",
         metadata={
             **common,
-            "dagster/row_count": row_count(session, "query_logs", tables["query_logs"]),
+            "dagster/row_count": cached_rows,
             "queries_added": stats.events,
             "queries_evicted": evicted,
             "cache_eviction_scanned": scanned,
             **({"cache_since_us": boundary} if boundary is not None else {}),
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
+            **cost,
         },
     )
     yield dg.MaterializeResult(
         asset_key="log_file_map",
         metadata={
             **common,
-            "dagster/row_count": row_count(session, "log_file_map", tables["log_file_map"]),
+            "dagster/row_count": map_rows,
             "entries_added": entries_added,
         },
     )
+
+
+def ingest_pass(
+    config: WorkUnitConfig, session, warehouse: WarehouseResource, settings: PipelineSettings,
+    tables: dict[str, str], meter: PassMeter,
+) -> tuple[IngestStats, int | None, int]:
+    """A query work unit's lines parsed into the cache tier and the log file map; the writers'
+    progress recorded once they are there. Returns the line counts, the cache boundary and the map
+    entries added."""
+    parsed = parse_ranges(
+        session, "query", warehouse.stream_dir(config.dc, "query"), config.byte_ranges(), settings.max_line_bytes
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    progress_file = warehouse.layout.query_progress_file(config.dc)
+    try:
+        stats = line_stats(parsed, by_writer=True)
+        meter.phase("parse")
+        newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for _, ts in stats.writers.values())], default=0)
+        boundary = cache_boundary_us(newest or None, settings.query_cache_retention_seconds)
+        if boundary is not None:
+            QueryCache.caching_from(warehouse.layout.query_cache_file(config.dc), boundary)
+        entries_added = ingest_queries(
+            parsed,
+            stats,
+            config.dc,
+            config.work_unit,
+            config.attempt,
+            tables,
+            settings.log_file_map_every_seconds,
+            settings.log_file_map_every_bytes,
+            cache_since_us=boundary,
+        )
+        meter.phase("append")
+    finally:
+        parsed.unpersist()
+    # Only after the appends: a click run that reads this progress finds these queries in a table.
+    QueryProgress.merge(progress_file, stats.writers)
+    return stats, boundary, entries_added
+
+
+def evict_pass(
+    config: WorkUnitConfig, session, warehouse: WarehouseResource, settings: PipelineSettings,
+    tables: dict[str, str], boundary: int | None, stats: IngestStats,
+) -> tuple[int, bool]:
+    """Queries older than the cache boundary leave the cache tier, when the boundary has passed the
+    oldest one it may hold. Returns the rows evicted and whether the cache was scanned."""
+    cache_file = warehouse.layout.query_cache_file(config.dc)
+    if stats.writers:
+        # A lower bound of what this unit cached: nothing older than the boundary went in.
+        oldest = min(ts for ts, _ in stats.writers.values())
+        cache = QueryCache.cached(cache_file, oldest if boundary is None else max(oldest, boundary))
+    else:
+        cache = QueryCache.load(cache_file)
+    if boundary is None or not cache.needs_eviction(boundary):
+        return 0, False
+    evicted, oldest_kept = evict_from_cache(
+        session, tables["query_logs"], config.dc, boundary, settings.query_cache_vacuum_retain_hours
+    )
+    QueryCache.scanned(cache_file, boundary if oldest_kept is None else oldest_kept)
+    return evicted, True

@@ -19,13 +19,20 @@ from pyspark.sql import functions as F
 from photon_assets.checks import registry_frame
 from photon_assets.clicks import pending_policy
 from photon_assets.jobs import REGISTRY_TAGS
-from photon_assets.work_unit import PENDING, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
+from photon_assets.work_unit import (
+    PENDING,
+    TAG_KIND,
+    TAG_STREAM,
+    TAG_WORK_UNIT,
+    mark_recovered,
+    runs_failed_for_good,
+    work_units_in_flight,
+)
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from sensors.retries import mark_recovered, runs_failed_for_good, work_units_in_flight
-from sensors.stream_state import QueryProgress
+from resources.stream_state import QueryProgress
 from spark_ops.handoff import stage
 from spark_ops.tables import read_table
 from spark_ops.verification import (

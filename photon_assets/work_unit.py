@@ -1,8 +1,10 @@
-"""The run configuration of one work unit, as the dispatcher sensors request it."""
+"""The run configuration of one work unit, as the dispatcher sensors request it, and what the Dagster
+instance knows of work units from their runs' tags: which are in flight, which failed for good."""
 
 
 import dagster as dg
 
+from resources.settings import pipeline_settings
 from spark_ops.parse import ByteRange
 
 LOG_RANGES = "log_ranges"  # newly arrived bytes of log files
@@ -13,7 +15,6 @@ TAG_STREAM = "photon/stream"
 TAG_WORK_UNIT = "photon/work_unit"
 TAG_KIND = "photon/kind"
 TAG_ATTEMPT = "photon/attempt"
-TAG_PENDING = "photon/pending"
 TAG_RECOVERED = "photon/recovered"  # on a work unit's failed last attempt: the recovery run that made it good
 
 
@@ -37,3 +38,71 @@ class WorkUnitConfig(dg.Config):
 
     def byte_ranges(self) -> list[ByteRange]:
         return [ByteRange(r.file, r.start, r.end) for r in self.ranges]
+
+
+UNFINISHED = {
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+}
+
+
+def failed_latest_attempts(instance: dg.DagsterInstance, filters: dg.RunsFilter) -> list[dg.RunRecord]:
+    """For each work unit with a failed run: its latest attempt, if that failed and none succeeded."""
+    failed_units = {
+        record.dagster_run.tags[TAG_WORK_UNIT]
+        for record in instance.get_run_records(filters)
+        if TAG_WORK_UNIT in record.dagster_run.tags
+    }
+    latest = []
+    for unit in sorted(failed_units):
+        attempts = instance.get_run_records(dg.RunsFilter(tags={TAG_WORK_UNIT: unit}))
+        if any(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS or r.dagster_run.status in UNFINISHED for r in attempts):
+            continue
+        latest.append(max(attempts, key=lambda r: int(r.dagster_run.tags.get(TAG_ATTEMPT, "1"))))
+    return latest
+
+
+def _failed_work_units(instance: dg.DagsterInstance, exhausted: bool) -> set[str]:
+    return {r.dagster_run.tags[TAG_WORK_UNIT] for r in _failed_runs(instance, exhausted)}
+
+
+def _failed_runs(instance: dg.DagsterInstance, exhausted: bool) -> list[dg.RunRecord]:
+    max_attempts = pipeline_settings().max_attempts
+    records = failed_latest_attempts(instance, dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+    return [
+        r for r in records
+        if (int(r.dagster_run.tags.get(TAG_ATTEMPT, "1")) >= max_attempts) == exhausted
+        and TAG_RECOVERED not in r.dagster_run.tags
+    ]
+
+
+def runs_failed_for_good(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
+    """The last attempt of each work unit that failed max_attempts times and was not recovered."""
+    return _failed_runs(instance, exhausted=True)
+
+
+def mark_recovered(instance: dg.DagsterInstance, record: dg.RunRecord, recovery_run_id: str) -> None:
+    """The recovery job made good the clicks of this failed work unit: it is no longer reported."""
+    instance.add_run_tags(record.dagster_run.run_id, {TAG_RECOVERED: recovery_run_id})
+
+
+def work_units_awaiting_retry(instance: dg.DagsterInstance) -> set[str]:
+    """Work units whose latest attempt failed and that will be retried."""
+    return _failed_work_units(instance, exhausted=False)
+
+
+def work_units_failed_for_good(instance: dg.DagsterInstance) -> set[str]:
+    """Work units that failed max_attempts times: their clicks need a human (or recovery)."""
+    return _failed_work_units(instance, exhausted=True)
+
+
+def work_units_in_flight(instance: dg.DagsterInstance) -> set[str]:
+    """Work units with a run not finished, or whose latest attempt failed (a retry will follow)."""
+    running = {
+        run.tags[TAG_WORK_UNIT]
+        for run in instance.get_runs(dg.RunsFilter(statuses=list(UNFINISHED)))
+        if TAG_WORK_UNIT in run.tags
+    }
+    return running | work_units_awaiting_retry(instance)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from resources.registry import ArrowSource, IdRegistry
+from resources.registry_api import ArrowSource, IdRegistry
 from resources.registry_shards import RegistryClosed, ShardedIdRegistry, as_events
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 0, shards: int = 
 
     With `ready_file`, writes the bound "host:port" there atomically once serving, so a parent can
     start the server on port 0 and learn its port."""
-    from photon.layout import DataLayout
+    from resources.layout import DataLayout
 
     registry = ShardedIdRegistry(DataLayout(Path(data_dir)).registry_dir, shards=shards,
                                  gc_threshold_days=gc_threshold_days)

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from resources.registry import ArrowSource, IdRegistry
+from resources.registry_api import ArrowSource, IdRegistry
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
 from pydantic import PrivateAttr
 from pyspark.sql import SparkSession
 
-from photon.layout import REPO_ROOT
+from resources.layout import REPO_ROOT
 
 DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
 DELTA_JARS = ("delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar")
@@ -69,7 +71,8 @@ def delta_session(
             # 2 M-query backlog filled a 4 GiB heap with them (Java heap space in a MERGE); a few
             # dozen are enough for the error messages that use them.
             .config("spark.sql.ui.retainedExecutions", "50")
-            .config("spark.ui.retainedJobs", "100")
+            # A run's jobs are counted from the retained ones (SparkResource.jobs_counted).
+            .config("spark.ui.retainedJobs", "200")
             .config("spark.ui.retainedStages", "100")
             .config("spark.ui.retainedTasks", "10000")
             .config("spark.ui.dagGraph.retainedRootRDDs", "100")
@@ -108,3 +111,15 @@ class SparkResource(dg.ConfigurableResource):
         if self._session is None:
             self._session = delta_session(self.master, self.shuffle_partitions, self.driver_memory)
         return self._session
+
+    @contextmanager
+    def jobs_counted(self, group: str) -> Iterator[Callable[[], int]]:
+        """The Spark jobs this thread starts inside the block (Delta's own included), counted by the
+        status tracker of the local session under a job group; yields a function giving the count."""
+        context = self.session().sparkContext
+        context.setJobGroup(group, group)
+        try:
+            yield lambda: len(context.statusTracker().getJobIdsForGroup(group))
+        finally:
+            context.setLocalProperty("spark.jobGroup.id", None)
+            context.setLocalProperty("spark.job.description", None)

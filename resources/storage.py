@@ -6,11 +6,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from photon.layout import TABLES, DataLayout
+from resources.layout import TABLES, DataLayout
 
 
 class WarehouseResource(dg.ConfigurableResource):
-    """The data directory (DESIGN.md: all state lives under it). Tables are Delta under warehouse/."""
+    """The data directory (docs/ARCHITECTURE.md: all state lives under it). Tables are Delta under warehouse/."""
 
     data_dir: str
 

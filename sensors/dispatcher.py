@@ -18,7 +18,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from photon.layout import DataLayout
 from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
 from photon_assets.work_unit import (
     LOG_RANGES,
@@ -28,10 +27,13 @@ from photon_assets.work_unit import (
     TAG_KIND,
     TAG_STREAM,
     TAG_WORK_UNIT,
+    work_units_failed_for_good,
+    work_units_in_flight,
 )
+from resources.layout import DataLayout
 from resources.settings import PipelineSettings
-from sensors.retries import plan_retries, work_units_failed_for_good, work_units_in_flight
-from sensors.stream_state import PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
+from resources.stream_state import PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
+from sensors.retries import plan_retries
 from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 
 CURSOR_VERSION = 1

@@ -6,6 +6,8 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from spark_ops.meter import count_commit
+
 KEYS = ["advertiser_id", "minute"]
 
 
@@ -50,4 +52,5 @@ def refresh_aggregates(joined: DataFrame, work_unit: str, path: str) -> bool:
         .whenNotMatchedInsertAll()
         .execute()
     )
+    count_commit("click_aggregates")
     return True

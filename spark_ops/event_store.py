@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_ops.meter import count_commit
 from spark_ops.parse import LOOKUP_CHUNK_FIELDS, events, parse_chunks
 from spark_ops.schemas import PARSED, arrow_schema, literal_frame
 from spark_ops.tables import table_lock
@@ -69,6 +70,7 @@ def evict_from_cache(
         with table_lock(path):
             table = DeltaTable.forPath(spark, path)
             table.delete((F.col("dc") == dc) & (ts < before_us))
+            count_commit("query_logs")
             # Files an earlier eviction removed are deleted once they are old enough.
             table.vacuum(vacuum_retain_hours)
     return scan["removed"], scan["oldest_kept"]

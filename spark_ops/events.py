@@ -1,4 +1,4 @@
-"""Validation of one log line against the input contract (DESIGN.md: input logs).
+"""Validation of one log line against the input contract (docs/CONTRACTS.md: input logs).
 
 Pure Python, no Spark: the parse stage runs it inside executors, tests run it directly. A line is
 either an event tuple or a `BadLine` with a one-line reason; a bad line never affects its neighbours.

@@ -1,10 +1,10 @@
 """Turning a work unit's parsed lines into table rows: query_logs + log_file_map, the click ledger,
-and quarantine. Each append carries the work unit's id as Delta transaction id, so a retried work
-unit that had already committed a table is skipped for that table."""
+and quarantine. Each row carries its work unit, so a retried work unit that had already committed a
+table appends nothing more to it (spark_ops/tables.py: append_once)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
@@ -23,9 +23,6 @@ class IngestStats:
     max_timestamp_us: int | None = None
     # Per query writer (`server_ip:process_id`) in these lines: its oldest and newest timestamp.
     writers: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def log_file_map_entries(queries: DataFrame, every_seconds: int, every_bytes: int) -> DataFrame:
@@ -53,6 +50,7 @@ def ingest_queries(
     stats: IngestStats,
     dc: str,
     work_unit: str,
+    attempt: int,
     tables: dict[str, str],
     map_every_seconds: int,
     map_every_bytes: int,
@@ -63,35 +61,34 @@ def ingest_queries(
     indexes every query, finds them. Returns the number of log file map entries added."""
     queries = _with_unit(events(parsed), dc, work_unit)
     cached = queries if cache_since_us is None else queries.where(F.col("timestamp_us") >= cache_since_us)
-    append_once(cached, "query_logs", tables["query_logs"], f"query_logs/{work_unit}")
+    append_once(cached, "query_logs", tables["query_logs"], work_unit, attempt)
     # Counted and appended from one computation of its two aggregations.
     entries = _with_unit(log_file_map_entries(queries, map_every_seconds, map_every_bytes), dc, work_unit)
     entries = entries.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         added = entries.count()
-        append_once(entries, "log_file_map", tables["log_file_map"], f"log_file_map/{work_unit}")
+        append_once(entries, "log_file_map", tables["log_file_map"], work_unit, attempt)
     finally:
         entries.unpersist()
-    _quarantine(parsed, stats, dc, "query", work_unit, tables)
+    _quarantine(parsed, stats, dc, "query", work_unit, attempt, tables)
     return added
 
 
-def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, tables: dict[str, str]) -> IngestStats:
+def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, attempt: int, tables: dict[str, str]) -> IngestStats:
     """Records the work unit's click lines in the ledger and quarantine. The caller persists
     `parsed` and joins its events next."""
-    append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"],
-                f"click_ledger/{work_unit}")
+    append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"], work_unit, attempt)
     stats = line_stats(parsed)
-    _quarantine(parsed, stats, dc, "click", work_unit, tables)
+    _quarantine(parsed, stats, dc, "click", work_unit, attempt, tables)
     return stats
 
 
-def _quarantine(parsed: DataFrame, stats: IngestStats, dc: str, stream: str, work_unit: str,
+def _quarantine(parsed: DataFrame, stats: IngestStats, dc: str, stream: str, work_unit: str, attempt: int,
                 tables: dict[str, str]) -> None:
     # Most work units have no bad line, and an empty Delta commit still costs a second.
     if stats.quarantined:
         append_once(quarantined(parsed, dc, stream, work_unit), "quarantined_lines",
-                    tables["quarantined_lines"], f"quarantine/{work_unit}")
+                    tables["quarantined_lines"], work_unit, attempt)
 
 
 def line_stats(parsed: DataFrame, by_writer: bool = False) -> IngestStats:

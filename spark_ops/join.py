@@ -10,8 +10,9 @@ One call processes one work unit's clicks:
 3. adapter: business logic over (click, query) pairs; it may alter or drop rows;
 4. conditional commit of the surviving ids (and of dropped and given-up ones, recorded as
    unjoinable) with the work unit's token;
-5. the winners are inserted into `joined_clicks` / `unjoinable_clicks` keyed by `click_id`, and
-   `pending_clicks` records what is still pending;
+5. the winners are written to `joined_clicks` / `unjoinable_clicks` (appended by a first attempt,
+   merged on `click_id` by a retry: spark_ops/tables.py), and `pending_clicks` records what is still
+   pending;
 6. once that output is durable, the token is cleared on its ids.
 A crash anywhere leaves a state from which the same work unit, retried, produces exactly the
 output a clean run would have (see tests/spark_ops/test_join.py for each crash point).
@@ -34,7 +35,7 @@ from spark_ops.event_store import EventStore
 from spark_ops.handoff import materialize
 from spark_ops.pending import PendingPolicy, update_pending
 from spark_ops.registry_calls import commit_ids, lookup_ids
-from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, insert_new
+from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
 
 Adapter = Callable[[DataFrame], DataFrame]
 
@@ -106,6 +107,7 @@ def join_work_unit(
     event_store: EventStore,
     registry: IdRegistry,
     token: str,
+    attempt: int,
     dc: str,
     staging: Path,
     tables: dict[str, str],
@@ -204,7 +206,7 @@ def join_work_unit(
                 now.alias("joined_at"),
                 F.lit(token).alias("work_unit"),
             )
-            insert_new(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id", {"work_unit": token})
+            write_output(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id", token, attempt)
         if stats.too_old or count("dropped", "held") or stats.given_up:
             unjoinable_rows = (
                 unjoinable.join(winners, "click_id", "left_semi")
@@ -215,7 +217,7 @@ def join_work_unit(
                 )
                 .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
             )
-            insert_new(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", {"work_unit": token})
+            write_output(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", token, attempt)
         if stats.pending or retrying_pending:
             update_pending(tables["pending_clicks"], dc, token, still_pending, clicks if retrying_pending else None)
         mark = stats.timed("write", mark)

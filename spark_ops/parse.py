@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -124,13 +124,30 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
     return run
 
 
-def chunks(stream_dir: Path, ranges: list[ByteRange], chunk_bytes: int) -> list[tuple]:
-    out = []
-    for r in ranges:
-        path = str(stream_dir / r.file)
-        for start in range(r.start, r.end, chunk_bytes):
-            out.append((path, r.file, r.end, start, min(start + chunk_bytes, r.end), start == r.start))
-    return out
+def chunk_frame(spark: SparkSession, stream_dir: Path, ranges: list[ByteRange], chunk_bytes: int) -> DataFrame:
+    """The ranges' chunks (CHUNK_FIELDS), one row each, spread over the session's partitions. Built
+    from a few literals per range (no RDD, so it runs over Spark Connect too; no shuffle)."""
+    counts = [-(-(r.end - r.start) // chunk_bytes) for r in ranges]
+    firsts = [sum(counts[:i]) for i in range(len(ranges))]  # index of each range's first chunk
+
+    def per_range(values: list, kind: str) -> Column:
+        return F.array(*[F.lit(v).cast(kind) for v in values])
+
+    chunk = F.col("id")
+    # The range a chunk belongs to: the last one whose first chunk is at or before it (1-based).
+    which = F.size(F.filter(per_range(firsts, "long"), lambda first: first <= chunk))
+    start = F.element_at(per_range([r.start for r in ranges], "long"), which) + (
+        chunk - F.element_at(per_range(firsts, "long"), which)) * chunk_bytes
+    range_end = F.element_at(per_range([r.end for r in ranges], "long"), which)
+    partitions = max(1, min(sum(counts), int(spark.conf.get("spark.sql.shuffle.partitions"))))
+    return spark.range(0, sum(counts), 1, partitions).select(
+        F.concat(F.lit(str(stream_dir) + "/"), F.element_at(per_range([r.file for r in ranges], "string"), which)).alias("path"),
+        F.element_at(per_range([r.file for r in ranges], "string"), which).alias("file"),
+        range_end.alias("range_end"),
+        start.alias("chunk_start"),
+        F.least(start + chunk_bytes, range_end).alias("chunk_end"),
+        (start == F.element_at(per_range([r.start for r in ranges], "long"), which)).alias("owns_first_line"),
+    )
 
 
 def parse_ranges(
@@ -143,11 +160,11 @@ def parse_ranges(
 ) -> DataFrame:
     """Every line of the ranges, parsed: events have `reason` null, quarantined lines have one."""
     spark_schema = PARSED[stream]
-    rows = chunks(stream_dir, ranges, chunk_bytes)
+    ranges = [r for r in ranges if r.end > r.start]
+    if not ranges:
+        return spark.createDataFrame([], spark_schema)
     # Several chunks per task: a Python task costs far more than reading a few MB.
-    slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism))
-    source = spark.createDataFrame(spark.sparkContext.parallelize(rows, slices), CHUNK_FIELDS)
-    return source.mapInArrow(
+    return chunk_frame(spark, stream_dir, ranges, chunk_bytes).mapInArrow(
         parse_chunks(stream, max_line_bytes, arrow_schema(spark_schema)), spark_schema
     )
 

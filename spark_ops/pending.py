@@ -21,8 +21,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sensors.stream_state import PendingDigest, QueryProgress
+from resources.stream_state import PendingDigest, QueryProgress
 from spark_ops.event_store import event_id_parts
+from spark_ops.meter import count_commit
 from spark_ops.schemas import literal_frame
 from spark_ops.tables import TABLE_SCHEMAS, ensure_table, read_table, table_lock
 
@@ -107,7 +108,7 @@ class PendingPolicy:
         )
 
     def digest(self, spark: SparkSession, path: str, dc: str) -> PendingDigest:
-        """What this datacenter's pending clicks now wait for (sensors/stream_state.py)."""
+        """What this datacenter's pending clicks now wait for (resources/stream_state.py)."""
         rows = self._with_data_ready(read_table(spark, "pending_clicks", path).where(F.col("dc") == dc))
         waiting = ~F.col("data_ready") & F.col("query_writer").isNotNull()
         behind_progress = F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts")
@@ -158,3 +159,4 @@ def update_pending(path: str, dc: str, token: str, still_pending: DataFrame, att
             .whenNotMatchedInsert(condition="s.still_pending", values={c: f"s.{c}" for c in columns})
             .execute()
         )
+    count_commit("pending_clicks")

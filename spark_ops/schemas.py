@@ -1,4 +1,4 @@
-"""Column layouts of the parsed events and of the output tables (DESIGN.md: outputs)."""
+"""Column layouts of the parsed events and of the output tables (docs/CONTRACTS.md: output tables)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,27 @@ import pytest
 
 from resources.spark import delta_session
 
+# The quick tier (`scripts/test.sh --quick`, a few minutes): pure functions, sensors through
+# build_sensor_context, the registry against real DuckDB, the generator, and one small
+# end-to-end run of `photon run`. Everything else runs in the full suite.
+QUICK = (
+    "tests/sensors/",
+    "tests/resources/test_registry.py",
+    "tests/resources/test_registry_shards.py",
+    "tests/photon/",
+    "tests/spark_ops/test_events.py",
+    "tests/spark_ops/test_tables.py",
+    "tests/test_definitions.py",
+    "tests/e2e/test_photon_run.py::test_late_queries_duplicates_replicas_and_reruns",
+    "tests/e2e/test_photon_run.py::test_bad_invocations_fail_with_one_line",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(QUICK):
+            item.add_marker(pytest.mark.quick)
+
 
 @pytest.fixture(scope="session")
 def spark():

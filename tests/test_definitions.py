@@ -2,7 +2,7 @@ import importlib
 import subprocess
 import sys
 
-from photon.layout import REPO_ROOT
+from resources.layout import REPO_ROOT
 from tests.conftest import query, write_lines
 
 

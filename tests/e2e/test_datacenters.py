@@ -1,6 +1,6 @@
 """Two datacenters sharing one registry, and the fault-injection suite of issue 5: real processes are
 killed (pipelines, the registry server), pipelines of both datacenters run at the same time, an
-output file is deleted behind the pipeline's back. After each scenario the invariants of DESIGN.md
+output file is deleted behind the pipeline's back. After each scenario the invariants of docs/CONTRACTS.md
 hold: no duplicate, nothing lost once recovery ran (the ground truth of `photon gen` decides)."""
 
 import json
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from photon.layout import REPO_ROOT
+from resources.layout import REPO_ROOT
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]

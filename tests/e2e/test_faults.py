@@ -1,5 +1,5 @@
 """Fault injection: `photon run` killed (SIGKILL) or failing at each crash point of the join, then
-run again. The result must be exactly the clean run's (DESIGN.md invariant 3)."""
+run again. The result must be exactly the clean run's (docs/CONTRACTS.md, invariant 3)."""
 
 import json
 import signal

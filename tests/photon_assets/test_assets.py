@@ -61,6 +61,11 @@ def test_pipeline_through_assets_and_checks(data_dir):
         assert joined.success
         assert metadata(joined, "joined_clicks")["clicks_pending"] == 2
         assert metadata(joined, "click_ledger")["quarantined_lines"] == 1
+        # What the pass cost: Spark jobs, Delta commits (ledger, quarantine, pending) and phases.
+        cost = metadata(joined, "joined_clicks")
+        assert cost["spark_jobs"] > 0 and cost["phase_parse_and_ledger_seconds"] > 0
+        assert (cost["delta_commits_click_ledger"], cost["delta_commits_quarantined_lines"],
+                cost["delta_commits_pending_clicks"]) == (1, 1, 1)
 
         queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:2", 6)])
         ingested = materialize(data_dir, instance, dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
@@ -68,6 +73,7 @@ def test_pipeline_through_assets_and_checks(data_dir):
         assert metadata(ingested, "query_logs")["queries_added"] == 2
         assert metadata(ingested, "query_logs")["dagster/row_count"] == 2
         assert metadata(ingested, "log_file_map")["entries_added"] >= 1
+        assert metadata(ingested, "query_logs")["delta_commits"] == 2  # query_logs, log_file_map
 
         retried = materialize(data_dir, instance, dg.AssetSelection.assets(
             "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates").without_checks(),

@@ -5,12 +5,12 @@ import pytest
 from dagster._core.test_utils import create_run_for_test
 
 from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
-from photon.layout import DataLayout
 from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
+from resources.layout import DataLayout
 from resources.settings import PipelineSettings
+from resources.stream_state import PendingDigest, QueryProgress, WriterProgress, pending_retry_decision
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.retries import plan_retries
-from sensors.stream_state import PendingDigest, QueryProgress, WriterProgress, pending_retry_decision
 from tests.conftest import click, query, write_lines
 
 

@@ -41,7 +41,7 @@ def test_refreshing_each_unit_gives_the_whole_aggregation_and_leaves_other_keys_
         "c": [("c1", T0 + 7, "adv1", 20000)],
     }
     for unit, clicks in units.items():
-        append_once(joined_rows(spark, unit, clicks), "joined_clicks", joined_path, f"test/{unit}")
+        append_once(joined_rows(spark, unit, clicks), "joined_clicks", joined_path, unit, 1)
         assert refresh_aggregates(read_table(spark, "joined_clicks", joined_path), unit, aggregates_path)
         expected = as_set(aggregate_clicks(read_table(spark, "joined_clicks", joined_path))) | as_set(untouched)
         assert as_set(read_table(spark, "click_aggregates", aggregates_path)) == expected

@@ -5,9 +5,9 @@ import time
 
 from pyspark.sql import functions as F
 
-from photon.layout import TABLES
+from resources.layout import TABLES
 from resources.registry_shards import ShardedIdRegistry
-from sensors.stream_state import QueryProgress, WriterProgress, pending_retry_decision
+from resources.stream_state import QueryProgress, WriterProgress, pending_retry_decision
 from spark_ops.event_store import EventStore, evict_from_cache
 from spark_ops.ingest import ingest_queries, line_stats
 from spark_ops.join import join_work_unit
@@ -40,7 +40,7 @@ def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us
     ranges = [ByteRange(f, 0, (query_dir / f).stat().st_size) for f in files]
     parsed = parse_ranges(spark, "query", query_dir, ranges).persist()
     stats = line_stats(parsed, by_writer=True)
-    ingest_queries(parsed, stats, "dc1", unit, tables, 10, every_bytes, cache_since_us=cache_since_us)
+    ingest_queries(parsed, stats, "dc1", unit, 1, tables, 10, every_bytes, cache_since_us=cache_since_us)
     parsed.unpersist()
     return stats.writers
 
@@ -222,7 +222,7 @@ def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoi
         return PendingPolicy(progress=at or progress, **knobs)
 
     def join(frame, token, pending, retrying=False):
-        return join_work_unit(spark, frame, store(spark, tables, query_dir), registry, token, "dc1",
+        return join_work_unit(spark, frame, store(spark, tables, query_dir), registry, token, 1, "dc1",
                               tmp_path / "staging" / token, tables, pending, retrying_pending=retrying)
 
     first = join(clicks, "dc1.click.0", policy())

@@ -4,9 +4,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from photon.layout import TABLES
+from resources.layout import TABLES
 from resources.registry_shards import ShardedIdRegistry
-from sensors.stream_state import QueryProgress, WriterProgress
+from resources.stream_state import QueryProgress, WriterProgress
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import ingest_queries, line_stats
 from spark_ops.join import CRASH_POINTS, join_work_unit
@@ -36,7 +36,7 @@ def world(tmp_path, spark):
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     parsed = parse_ranges(spark, "query", logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)])
     stats = line_stats(parsed, by_writer=True)
-    ingest_queries(parsed, stats, "dc1", "dc1.query.0", tables, 10, 1 << 20)
+    ingest_queries(parsed, stats, "dc1", "dc1.query.0", 1, tables, 10, 1 << 20)
     progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in stats.writers.items()})
     clicks = events(parse_ranges(spark, "click", logs / "click", [ByteRange("w/0.jsonl", 0, cfile.stat().st_size)]))
     registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
@@ -58,9 +58,10 @@ def policy(world, **overrides) -> PendingPolicy:
     return PendingPolicy(progress=world["progress"], **{**knobs, **overrides})
 
 
-def run(world, token="dc1.click.0", dc="dc1", registry=None, checkpoint=lambda point: None, pending=None, **kwargs):
+def run(world, token="dc1.click.0", dc="dc1", registry=None, checkpoint=lambda point: None, pending=None, attempt=1,
+        **kwargs):
     return join_work_unit(
-        world["spark"], world["clicks"], event_store(world), registry or world["registry"], token, dc,
+        world["spark"], world["clicks"], event_store(world), registry or world["registry"], token, attempt, dc,
         world["tmp"] / "staging" / token, world["tables"], pending or policy(world), checkpoint=checkpoint, **kwargs,
     )
 
@@ -89,13 +90,13 @@ def test_crash_then_retry_equals_a_clean_run(world, point):
 
     with pytest.raises(Crash):
         run(world, checkpoint=crash)
-    retried = run(world)
+    retried = run(world, attempt=2)
     assert joined_ids(world) == sorted(JOINABLE)
     assert retried.refused == 0
     total = world["registry"].stats()["total"]
     assert (total["ids_registered"], total["ids_with_token"]) == (7, 0)
     # Once more, as a restart from old offsets would: nothing changes.
-    again = run(world)
+    again = run(world, attempt=3)
     assert joined_ids(world) == sorted(JOINABLE) and again.joined == 0 and again.skipped_registered == 7
 
 

@@ -6,7 +6,7 @@ import sys
 
 from pyspark.sql import types as T
 
-from photon.layout import TABLES
+from resources.layout import TABLES
 from spark_ops.tables import TABLE_SCHEMAS, append_once, read_table, table_lock
 from spark_ops.verification import (
     add_pending,
@@ -78,7 +78,7 @@ def test_reinjection_is_idempotent(spark, tmp_path):
 def test_storage_loss_is_found_and_the_table_rewritten_from_what_remains(spark, tmp_path):
     path = str(tmp_path / "warehouse" / "click_ledger")
     for unit in ("dc1.click.1", "dc1.click.2"):
-        append_once(ledger_rows(spark, [("dc1", f"{unit}-x", unit)]), "click_ledger", path, unit)
+        append_once(ledger_rows(spark, [("dc1", f"{unit}-x", unit)]), "click_ledger", path, unit, 1)
     assert missing_data_files(spark, path) == []
     victim = sorted((tmp_path / "warehouse" / "click_ledger").rglob("*.parquet"))[0]
     victim.unlink()

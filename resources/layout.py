@@ -1,4 +1,4 @@
-"""Where everything lives under a data directory (DESIGN.md: all state is under `<data-dir>`)."""
+"""Where everything lives under a data directory (docs/ARCHITECTURE.md: all state is under `<data-dir>`)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,6 @@ STREAMS = ("query", "click")
 @dataclass(frozen=True)
 class DataLayout:
     root: Path
-
-    @classmethod
-    def from_env(cls) -> "DataLayout":
-        value = os.environ.get(DATA_DIR_ENV)
-        if not value:
-            raise RuntimeError(f"{DATA_DIR_ENV} is not set: point it at a photon data directory")
-        return cls(Path(value).resolve())
 
     @property
     def logs(self) -> Path:

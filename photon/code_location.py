@@ -1,0 +1,53 @@
+"""The Dagster code location: assets, checks, jobs, sensors and resources, assembled.
+
+`definitions.py` (the module `workspace.yaml` and `photon run` load) builds it from the environment:
+the data directory comes from PHOTON_DATA_DIR (default ./data); one set of dispatchers is built per
+datacenter replica found under its logs/ (or listed in PHOTON_DATACENTERS).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from photon_assets.checks import ALL_CHECKS
+from photon_assets.clicks import click_aggregates, join_clicks
+from photon_assets.jobs import ingest_queries_job, join_clicks_job, verify_job
+from photon_assets.queries import ingest_query_logs
+from photon_assets.recovery import recover_lost_clicks_job
+from resources.layout import DATA_DIR_ENV, DataLayout
+from resources.registry import registry_resource_from_env
+from resources.settings import pipeline_settings
+from resources.spark import SparkResource
+from resources.storage import WarehouseResource
+from sensors.dispatcher import log_dispatcher, pending_dispatcher
+
+
+def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg.Definitions:
+    """The code location over `data_dir`, with dispatchers for `datacenters` (default: those of
+    PHOTON_DATACENTERS, else every replica directory under the data directory's logs/)."""
+    if datacenters is None:
+        datacenters = DataLayout(Path(data_dir).resolve()).datacenters()
+    return dg.Definitions(
+        assets=[ingest_query_logs, join_clicks, click_aggregates],
+        asset_checks=ALL_CHECKS,
+        jobs=[ingest_queries_job, join_clicks_job, verify_job, recover_lost_clicks_job],
+        sensors=[
+            sensor
+            for dc in datacenters
+            for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir), pending_dispatcher(dc, data_dir))
+        ],
+        resources={
+            "spark": SparkResource(),
+            "warehouse": WarehouseResource(data_dir=data_dir),
+            "registry": registry_resource_from_env(data_dir),
+            "settings": pipeline_settings(),
+        },
+    )
+
+
+def definitions_from_env() -> dg.Definitions:
+    """The code location of this deployment: the data directory of PHOTON_DATA_DIR (default ./data)."""
+    return build_definitions(os.environ.get(DATA_DIR_ENV, "data"))

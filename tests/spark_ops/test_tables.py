@@ -1,0 +1,39 @@
+from pyspark.sql import functions as F
+
+from spark_ops.meter import metered
+from spark_ops.tables import append_once, read_table, write_output
+
+LEDGER_COLUMNS = ["dc", "click_id", "work_unit"]
+
+
+def ledger_rows(spark, ids, unit):
+    return spark.createDataFrame([("dc1", i, unit) for i in ids], "dc string, click_id string, work_unit string").select(
+        "*", *[F.lit(None).cast(t).alias(c) for c, t in (
+            ("query_id", "string"), ("timestamp_us", "long"), ("ad_id", "string"), ("advertiser_id", "string"),
+            ("cost_micros", "long"), ("extra", "string"), ("file", "string"), ("offset", "long"), ("length", "long"))])
+
+
+def test_a_retry_appends_nothing_an_earlier_attempt_committed(spark, tmp_path):
+    path = str(tmp_path / "click_ledger")
+    with metered() as meter:
+        append_once(ledger_rows(spark, ["a", "b"], "u1"), "click_ledger", path, "u1", attempt=1)
+        append_once(ledger_rows(spark, ["a", "b"], "u1"), "click_ledger", path, "u1", attempt=2)  # skipped
+        append_once(ledger_rows(spark, ["c"], "u2"), "click_ledger", path, "u2", attempt=2)  # u2's first commit
+    assert sorted(r.click_id for r in read_table(spark, "click_ledger", path).collect()) == ["a", "b", "c"]
+    assert meter.commits == {"click_ledger": 2}
+
+
+def test_a_retry_writes_only_the_keys_its_earlier_attempt_did_not(spark, tmp_path):
+    path = str(tmp_path / "unjoinable_clicks")
+
+    def rows(ids):
+        return spark.createDataFrame([(i, "u1", "r") for i in ids], "click_id string, work_unit string, reason string")
+
+    def unjoinable(ids):
+        schema = read_table(spark, "unjoinable_clicks", path).schema
+        return rows(ids).select(*[F.col(f.name) if f.name in ("click_id", "work_unit", "reason")
+                                  else F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+    write_output(unjoinable(["a", "b"]), "unjoinable_clicks", path, "click_id", "u1", attempt=1)
+    write_output(unjoinable(["a", "b", "c"]), "unjoinable_clicks", path, "click_id", "u1", attempt=2)
+    assert sorted(r.click_id for r in read_table(spark, "unjoinable_clicks", path).collect()) == ["a", "b", "c"]
