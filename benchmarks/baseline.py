@@ -47,8 +47,8 @@ def run_phases(data_dir: Path) -> dict:
     for event in instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=10_000).records:
         metadata = event.asset_materialization.metadata
         for key, value in metadata.items():
-            if key.startswith("phase_"):
-                phases.setdefault(key[len("phase_"):-len("_seconds")], []).append(value.value)
+            if key.startswith(("phase_", "join_")) and key.endswith("_seconds"):
+                phases.setdefault(key[: -len("_seconds")], []).append(value.value)
     return {
         "jobs": {
             name: {

@@ -121,7 +121,8 @@ def join_clicks(
             ),
             "pending_clicks_in_dc": digest.pending,
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
-            **{f"phase_{k}_seconds": v for k, v in stats.phase_seconds.items()},
+            # The join's own steps, within phase_join_total_seconds.
+            **{f"join_{k}_seconds": v for k, v in stats.phase_seconds.items()},
             **cost,
         },
     )

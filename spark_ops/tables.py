@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import deltalake
+import pyarrow as pa
+import pyarrow.compute as pc
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -201,9 +204,15 @@ def read_table(spark: SparkSession, name: str, path: str) -> DataFrame:
 
 
 def row_count(spark: SparkSession, name: str, path: str) -> int:
-    """Rows of a Delta table (created empty if no run wrote it yet); answered from the log's file
-    statistics, without a scan."""
-    return read_table(spark, name, path).count()
+    """Rows of a Delta table (created empty if no run wrote it yet), summed from the row counts its
+    log records for each data file. The `deltalake` reader reads the log in tens of milliseconds, where
+    a Spark count of the same statistics is a job or more (~0.3-1 s a table in a click run); Spark
+    counts if a file has no statistics."""
+    ensure_table(spark, name, path)
+    records = pa.table(deltalake.DeltaTable(path).get_add_actions(flatten=True)).column("num_records")
+    if records.null_count:
+        return read_table(spark, name, path).count()
+    return pc.sum(records).as_py() or 0
 
 
 def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, DataFrame]:

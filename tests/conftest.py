@@ -18,7 +18,7 @@ QUICK = (
     "tests/spark_ops/test_events.py",
     "tests/spark_ops/test_tables.py",
     "tests/test_definitions.py",
-    "tests/e2e/test_photon_run.py::test_late_queries_duplicates_replicas_and_reruns",
+    "tests/e2e/test_photon_run.py::test_a_small_workload_end_to_end",
     "tests/e2e/test_photon_run.py::test_bad_invocations_fail_with_one_line",
 )
 

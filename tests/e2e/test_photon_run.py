@@ -46,6 +46,19 @@ def assert_matches_ground_truth(summary: dict, truth: dict):
     assert all(summary["verification"].values()), summary["verification"]
 
 
+def test_a_small_workload_end_to_end_reports_what_each_run_cost(tmp_path):
+    """The quick tier's end-to-end run: one datacenter, bad and duplicate lines, one photon run."""
+    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "300", "--seed", "5", "--datacenters", "dc1")
+    assert result.returncode == 0, result.stderr
+    truth = json.loads((tmp_path / "gen_summary.json").read_text())
+    summary = run(tmp_path)
+    assert_matches_ground_truth(summary, truth)
+    for kind in ("query", "click", "aggregates"):
+        cost = summary["run_cost"][kind]
+        assert cost["runs"] >= 1 and cost["spark_jobs"] > 0 and cost["delta_commits"] >= 1, (kind, cost)
+        assert cost["median_seconds"] > 0 and cost["phase_seconds"], (kind, cost)
+
+
 @pytest.fixture(scope="module")
 def late_workload(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("late")
