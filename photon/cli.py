@@ -126,6 +126,15 @@ def choose_datacenters(layout: DataLayout, option: str | None) -> list[str]:
     return chosen
 
 
+def console_log(verbose: bool, quiet: tuple[str, ...]) -> logging.Logger:
+    """The command's log on stderr; unless `verbose`, the `quiet` loggers only warn."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    if not verbose:
+        for noisy in quiet:
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    return logging.getLogger("photon")
+
+
 def command_run(args) -> int:
     from photon.runner import RunnerError, run_until_idle
 
@@ -133,11 +142,7 @@ def command_run(args) -> int:
         raise ValueError(f"data directory {args.data_dir} does not exist")
     layout = DataLayout(args.data_dir.resolve())
     datacenters = choose_datacenters(layout, args.datacenters)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    log = logging.getLogger("photon")
-    if not args.verbose:
-        for noisy in ("photon.sensors", "dagster", "py4j", "alembic"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    log = console_log(args.verbose, ("photon.sensors", "dagster", "py4j", "alembic"))
     try:
         summary = run_until_idle(
             layout, datacenters, log, args.timeout_seconds, run_log_level="DEBUG" if args.verbose else "WARNING",
@@ -165,11 +170,7 @@ def command_check(args) -> int:
     layout = DataLayout(args.data_dir.resolve())
     ensure_checkable(layout)
     datacenters = choose_datacenters(layout, args.datacenters)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    log = logging.getLogger("photon")
-    if not args.verbose:
-        for noisy in ("photon", "dagster", "py4j", "alembic"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    log = console_log(args.verbose, ("photon", "dagster", "py4j", "alembic"))
     try:
         checks, run_id = run_checks(layout, datacenters, log, run_log_level="DEBUG" if args.verbose else "CRITICAL")
     except RunnerError as error:
