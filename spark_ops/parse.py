@@ -130,23 +130,26 @@ def chunk_frame(spark: SparkSession, stream_dir: Path, ranges: list[ByteRange], 
     counts = [-(-(r.end - r.start) // chunk_bytes) for r in ranges]
     firsts = [sum(counts[:i]) for i in range(len(ranges))]  # index of each range's first chunk
 
-    def per_range(values: list, kind: str) -> Column:
-        return F.array(*[F.lit(v).cast(kind) for v in values])
+    def of_range(values: list, kind: str) -> Column:
+        """The value of the chunk's range, from one literal array per field."""
+        return F.element_at(F.array(*[F.lit(v).cast(kind) for v in values]), which)
 
     chunk = F.col("id")
     # The range a chunk belongs to: the last one whose first chunk is at or before it (1-based).
-    which = F.size(F.filter(per_range(firsts, "long"), lambda first: first <= chunk))
-    start = F.element_at(per_range([r.start for r in ranges], "long"), which) + (
-        chunk - F.element_at(per_range(firsts, "long"), which)) * chunk_bytes
-    range_end = F.element_at(per_range([r.end for r in ranges], "long"), which)
+    which = F.size(F.filter(F.array(*[F.lit(f).cast("long") for f in firsts]), lambda first: first <= chunk))
+    file = of_range([r.file for r in ranges], "string")
+    range_start = of_range([r.start for r in ranges], "long")
+    range_end = of_range([r.end for r in ranges], "long")
+    start = range_start + (chunk - of_range(firsts, "long")) * chunk_bytes
+    # Several chunks per task: a Python task costs far more than reading a few MB.
     partitions = max(1, min(sum(counts), int(spark.conf.get("spark.sql.shuffle.partitions"))))
     return spark.range(0, sum(counts), 1, partitions).select(
-        F.concat(F.lit(str(stream_dir) + "/"), F.element_at(per_range([r.file for r in ranges], "string"), which)).alias("path"),
-        F.element_at(per_range([r.file for r in ranges], "string"), which).alias("file"),
+        F.concat(F.lit(str(stream_dir) + "/"), file).alias("path"),
+        file.alias("file"),
         range_end.alias("range_end"),
         start.alias("chunk_start"),
         F.least(start + chunk_bytes, range_end).alias("chunk_end"),
-        (start == F.element_at(per_range([r.start for r in ranges], "long"), which)).alias("owns_first_line"),
+        (start == range_start).alias("owns_first_line"),
     )
 
 
@@ -163,7 +166,6 @@ def parse_ranges(
     ranges = [r for r in ranges if r.end > r.start]
     if not ranges:
         return spark.createDataFrame([], spark_schema)
-    # Several chunks per task: a Python task costs far more than reading a few MB.
     return chunk_frame(spark, stream_dir, ranges, chunk_bytes).mapInArrow(
         parse_chunks(stream, max_line_bytes, arrow_schema(spark_schema)), spark_schema
     )
