@@ -1,4 +1,4 @@
-"""`photon gen`, `photon replicate`, `photon run`, `photon check`, `photon registry` (docs/CONTRACTS.md: command line).
+"""`photon gen`, `photon replicate`, `photon run`, `photon up`, `photon check`, `photon spark-connect`, `photon registry` (docs/CONTRACTS.md: command line).
 Errors are one line and exit non-zero."""
 
 import argparse
@@ -44,6 +44,18 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--min-seconds", type=float, default=0.0,
                    help="keep tailing the logs at least this long before idle counts (logs still being written)")
     r.add_argument("--verbose", action="store_true", help="log every tick and run event")
+    r.add_argument("--spark-remote", metavar="sc://HOST:PORT",
+                   help="run Spark on this Spark Connect server (default: env PHOTON_SPARK_REMOTE, else an"
+                        " in-process local session)")
+
+    u = commands.add_parser("up", help="the whole deployment on DIR until SIGINT/SIGTERM: registry service, Spark"
+                                        " Connect server, dagster-daemon with the dispatchers running, dagster-webserver")
+    u.add_argument("--data-dir", required=True, type=Path)
+    u.add_argument("--port", type=int, default=3000, help="the UI's port")
+    u.add_argument("--datacenters", help="comma-separated replicas under logs/ (default: all of them)")
+    u.add_argument("--spark-master", default="local[2]",
+                   help="the Connect server's master: local[N], or spark://HOST:PORT of a standalone cluster")
+    u.add_argument("--verbose", action="store_true", help="log more of each component")
 
     c = commands.add_parser("check", help="run every asset check against a data directory, recorded in its"
                                           " Dagster instance")
@@ -52,6 +64,16 @@ def parser() -> argparse.ArgumentParser:
                                          " during the checks (default: all of them)")
     c.add_argument("--json", action="store_true", help="print the outcome as one JSON object, last line")
     c.add_argument("--verbose", action="store_true", help="log every run event")
+    c.add_argument("--spark-remote", metavar="sc://HOST:PORT",
+                   help="run Spark on this Spark Connect server (default: env PHOTON_SPARK_REMOTE, else an"
+                        " in-process local session)")
+
+    sc = commands.add_parser("spark-connect", help="serve a Spark Connect server with Delta until SIGTERM/SIGINT"
+                                                   " (for --spark-remote / PHOTON_SPARK_REMOTE)")
+    sc.add_argument("--port", type=int, default=15002)
+    sc.add_argument("--host", default="127.0.0.1")
+    sc.add_argument("--master", default="local[2]", help="local[N], or spark://HOST:PORT of a standalone cluster")
+    sc.add_argument("--driver-memory", default="4g")
 
     reg = commands.add_parser("registry", help="the IdRegistry service (shared secret: env PHOTON_REGISTRY_SECRET)")
     actions = reg.add_subparsers(dest="registry_command", required=True, parser_class=OneLineParser)
@@ -135,9 +157,21 @@ def console_log(verbose: bool, quiet: tuple[str, ...]) -> logging.Logger:
     return logging.getLogger("photon")
 
 
+def use_spark_remote(option: str | None) -> None:
+    """--spark-remote: every Spark session of this process and its runs is a client of that server."""
+    from resources.spark import SPARK_REMOTE_ENV
+
+    if option is None:
+        return
+    if not option.startswith("sc://"):
+        raise ValueError(f"--spark-remote {option!r} is not a Spark Connect address (sc://HOST:PORT)")
+    os.environ[SPARK_REMOTE_ENV] = option
+
+
 def command_run(args) -> int:
     from photon.runner import RunnerError, run_until_idle
 
+    use_spark_remote(args.spark_remote)
     if not args.data_dir.is_dir():
         raise ValueError(f"data directory {args.data_dir} does not exist")
     layout = DataLayout(args.data_dir.resolve())
@@ -163,10 +197,29 @@ def command_run(args) -> int:
     return 0
 
 
+def command_up(args) -> int:
+    from photon.runner import RunnerError
+    from photon.up import bring_up
+
+    if not args.data_dir.is_dir():
+        raise ValueError(f"data directory {args.data_dir} does not exist")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port {args.port} is not a port number")
+    layout = DataLayout(args.data_dir.resolve())
+    datacenters = choose_datacenters(layout, args.datacenters)
+    log = console_log(args.verbose, ("dagster", "py4j", "alembic"))
+    try:
+        return bring_up(layout, datacenters, args.port, args.spark_master, log)
+    except RunnerError as error:
+        print(f"photon: error: {error}", file=sys.stderr)
+        return 1
+
+
 def command_check(args) -> int:
     from photon.check import ensure_checkable, report, run_checks
     from photon.runner import RunnerError
 
+    use_spark_remote(args.spark_remote)
     layout = DataLayout(args.data_dir.resolve())
     ensure_checkable(layout)
     datacenters = choose_datacenters(layout, args.datacenters)
@@ -177,6 +230,16 @@ def command_check(args) -> int:
         print(f"photon: error: {error}", file=sys.stderr)
         return 1
     return report(checks, run_id, args.json, sys.stdout, sys.stderr)
+
+
+def command_spark_connect(args) -> int:
+    from resources.spark_connect import server_command, server_environment
+
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port {args.port} is not a port number")
+    command = server_command(args.port, master=args.master, driver_memory=args.driver_memory, host=args.host)
+    sys.stdout.flush()
+    os.execve(command[0], command, server_environment(args.host))
 
 
 def command_registry(args) -> int:
@@ -211,8 +274,8 @@ def command_registry(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        commands = {"gen": command_gen, "replicate": command_replicate, "run": command_run,
-                    "check": command_check, "registry": command_registry}
+        commands = {"gen": command_gen, "replicate": command_replicate, "run": command_run, "up": command_up,
+                    "check": command_check, "spark-connect": command_spark_connect, "registry": command_registry}
         return commands[args.command](args)
     except ValueError as error:
         print(f"photon: error: {error}", file=sys.stderr)

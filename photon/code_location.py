@@ -20,7 +20,7 @@ from photon_assets.recovery import recover_lost_clicks_job
 from resources.layout import DATA_DIR_ENV, DataLayout
 from resources.registry import registry_resource_from_env
 from resources.settings import pipeline_settings
-from resources.spark import SparkResource
+from resources.spark import spark_resource_from_env
 from resources.storage import WarehouseResource
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
 
@@ -40,7 +40,7 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
             for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir), pending_dispatcher(dc, data_dir))
         ],
         resources={
-            "spark": SparkResource(),
+            "spark": spark_resource_from_env(),
             "warehouse": WarehouseResource(data_dir=data_dir),
             "registry": registry_resource_from_env(data_dir),
             "settings": pipeline_settings(),

@@ -37,7 +37,7 @@ from dagster._daemon.sensor import execute_sensor_iteration
 from resources.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
 from resources.registry import ADDRESS_ENV
-from resources.spark import delta_session
+from resources.spark import spark_session
 from resources.settings import pipeline_settings
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from photon_assets.jobs import VERIFY_JOB
@@ -53,8 +53,12 @@ DAGSTER_YAML = """\
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30
-concurrency:
-  runs:
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    # A queued run waits for the next dequeue: every second, not the default 5 s (a run's latency).
+    dequeue_interval_seconds: 1
     max_concurrent_runs: 2
     tag_concurrency_limits:
       # The embedded registry is a DuckDB file that one process at a time may hold.
@@ -161,8 +165,9 @@ def last_line(path: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _die_with_parent() -> None:
-    """In the registry child: SIGTERM when `photon run` dies, even by SIGKILL (Linux prctl)."""
+def die_with_parent() -> None:
+    """In a child process (registry, `photon up`'s components): SIGTERM when its parent dies, even by
+    SIGKILL (Linux prctl)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
@@ -191,7 +196,7 @@ def registry_service(layout: DataLayout, log: logging.Logger):
             server = subprocess.Popen(
                 [sys.executable, "-m", "photon.cli", "registry", "serve", "--data-dir", str(layout.root),
                  "--port", "0", "--ready-file", str(ready)],
-                stdout=output, stderr=output, cwd=REPO_ROOT, preexec_fn=_die_with_parent,
+                stdout=output, stderr=output, cwd=REPO_ROOT, preexec_fn=die_with_parent,
             )
             while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -229,7 +234,7 @@ def start_spark_session(log: logging.Logger) -> None:
     loads; the first run's session request waits for it (resources/spark.py:
     one session per process). A failure here is the first run's to report, as that run's error."""
     try:
-        delta_session()
+        spark_session()
     except Exception as error:  # the run that needs the session reports it again, as its error
         log.debug("early Spark session start failed: %s", error)
 
@@ -350,7 +355,7 @@ def storage_lost(layout: DataLayout) -> bool:
     paths = [layout.table(name) for name in REPAIRABLE_TABLES if (Path(layout.table(name)) / "_delta_log").is_dir()]
     if not paths:
         return False
-    spark = delta_session()
+    spark = spark_session()
     return any(missing_data_files(spark, path) for path in paths)
 
 

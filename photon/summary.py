@@ -9,13 +9,13 @@ from pyspark.sql import functions as F
 from photon_assets.work_unit import work_units_failed_for_good
 from resources.layout import TABLES, DataLayout
 from resources.registry import registry_resource_from_env
-from resources.spark import delta_session
+from resources.spark import spark_session
 from spark_ops.handoff import unstage
 from spark_ops.tables import read_table
 
 
 def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance) -> dict:
-    spark = delta_session()
+    spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}
     in_scope = F.col("dc").isin(datacenters)
     ledger = read_table(spark, "click_ledger", tables["click_ledger"]).where(in_scope).persist()
@@ -96,37 +96,44 @@ COST_ASSETS = {"query": "query_logs", "click": "joined_clicks", "aggregates": "c
 
 
 def run_costs(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
-    """Per kind of run, over these datacenters' runs so far: how many, their Spark jobs and Delta
-    commits (totals and per run), their median wall time, and the time of each phase in all."""
+    """Per kind of run, over these datacenters' runs so far: how many, their Spark jobs (counted in
+    local mode only: None over Spark Connect) and Delta commits (totals and per run), their median wall
+    time, the time of each phase in all, and the median time from a run's creation to its first Spark
+    call after its launch (its fixed cost before any work)."""
     costs = {}
     for kind, asset in COST_ASSETS.items():
-        runs, jobs, commits, seconds, phases = 0, 0, 0, [], {}
+        runs, jobs, commits, seconds, phases, launches = 0, None, 0, [], {}, []
         cursor = None
         while True:
             page = instance.fetch_materializations(dg.AssetKey(asset), limit=1000, cursor=cursor)
             for record in page.records:
                 metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}
-                if metadata.get("dc") not in datacenters or "spark_jobs" not in metadata:
+                if metadata.get("dc") not in datacenters or "delta_commits" not in metadata:
                     continue
                 runs += 1
-                jobs += metadata["spark_jobs"]
+                if "spark_jobs" in metadata:
+                    jobs = (jobs or 0) + metadata["spark_jobs"]
                 commits += metadata["delta_commits"]
                 own = {k[len("phase_"):-len("_seconds")]: v for k, v in metadata.items()
                        if k.startswith("phase_") and k.endswith("_seconds")}
                 seconds.append(sum(own.values()))
+                if "launch_to_spark_seconds" in metadata:
+                    launches.append(metadata["launch_to_spark_seconds"])
                 for name, value in own.items():
                     phases[name] = round(phases.get(name, 0.0) + value, 3)
             if not page.has_more:
                 break
             cursor = page.cursor
         seconds.sort()
+        launches.sort()
         costs[kind] = {
             "runs": runs,
             "spark_jobs": jobs,
             "delta_commits": commits,
-            "spark_jobs_per_run": round(jobs / runs, 1) if runs else None,
+            "spark_jobs_per_run": round(jobs / runs, 1) if runs and jobs is not None else None,
             "delta_commits_per_run": round(commits / runs, 2) if runs else None,
             "median_seconds": round(seconds[len(seconds) // 2], 3) if seconds else None,
             "phase_seconds": phases,
+            "median_launch_to_spark_seconds": launches[len(launches) // 2] if launches else None,
         }
     return costs

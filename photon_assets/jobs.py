@@ -8,13 +8,15 @@ from __future__ import annotations
 import dagster as dg
 
 from photon_assets.checks import ALL_CHECKS
+from resources.registry import registry_mode_from_env
 
 INGEST_QUERIES_JOB = "ingest_queries"
 JOIN_CLICKS_JOB = "join_clicks_job"
 VERIFY_JOB = "verify"
 # Runs of these jobs open the embedded registry, a DuckDB file that one process at a time may hold:
-# under the daemon, dagster.yaml allows one such run at a time (see photon/runner.py).
-REGISTRY_TAGS = {"photon/uses_registry": "true"}
+# under the daemon, dagster.yaml allows one such run at a time (see photon/runner.py). With the
+# registry service (`photon up`, PHOTON_REGISTRY_ADDRESS) no run opens the file: no tag, no limit.
+REGISTRY_TAGS = {"photon/uses_registry": "true"} if registry_mode_from_env() == "embedded" else {}
 
 ingest_queries_job = dg.define_asset_job(
     INGEST_QUERIES_JOB,

@@ -2,6 +2,8 @@
 instance knows of work units from their runs' tags: which are in flight, which failed for good."""
 
 
+import time
+
 import dagster as dg
 
 from resources.settings import pipeline_settings
@@ -106,3 +108,17 @@ def work_units_in_flight(instance: dg.DagsterInstance) -> set[str]:
         if TAG_WORK_UNIT in run.tags
     }
     return running | work_units_awaiting_retry(instance)
+
+
+def run_start_costs(context: dg.AssetExecutionContext) -> dict[str, float]:
+    """At a run's first Spark call, what the run cost before any work, as run metadata:
+    `queued_seconds`, from its creation (a sensor's request) to its launch, and
+    `launch_to_spark_seconds`, from its launch (a process started, Dagster and the code loaded, Spark
+    reached) to now. A run launched in process (`photon run`) has no launch event: from its creation."""
+    now = time.time()
+    created = context.instance.get_run_record_by_id(context.run_id).create_timestamp.timestamp()
+    launches = context.instance.get_records_for_run(
+        context.run_id, of_type=dg.DagsterEventType.RUN_STARTING, limit=1
+    ).records
+    launched = launches[0].event_log_entry.timestamp if launches else created
+    return {"queued_seconds": round(launched - created, 3), "launch_to_spark_seconds": round(now - launched, 3)}

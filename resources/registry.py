@@ -81,6 +81,11 @@ MODE_ENV = "PHOTON_REGISTRY_MODE"
 SECRET_ENV = "PHOTON_REGISTRY_SECRET"
 
 
+def registry_mode_from_env() -> str:
+    """`service` when PHOTON_REGISTRY_ADDRESS is set, else `embedded`; PHOTON_REGISTRY_MODE overrides."""
+    return os.environ.get(MODE_ENV) or ("service" if os.environ.get(ADDRESS_ENV) else "embedded")
+
+
 def registry_resource_from_env(data_dir: str) -> IdRegistryResource:
     """The registry this deployment uses: the service at PHOTON_REGISTRY_ADDRESS if set (`photon
     run` sets it to the local service it starts), else the embedded one; PHOTON_REGISTRY_MODE
@@ -88,7 +93,7 @@ def registry_resource_from_env(data_dir: str) -> IdRegistryResource:
     address = os.environ.get(ADDRESS_ENV)
     return IdRegistryResource(
         data_dir=data_dir,
-        mode=os.environ.get(MODE_ENV) or ("service" if address else "embedded"),
+        mode=registry_mode_from_env(),
         address=address,
         secret=dg.EnvVar(SECRET_ENV) if os.environ.get(SECRET_ENV) else None,
     )

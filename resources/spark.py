@@ -1,7 +1,12 @@
-"""Spark session with Delta Lake, created once per process and shared by every run in it.
+"""Spark with Delta Lake, in one of two modes chosen by configuration:
 
-Delta's JVM jars are fetched from Maven Central by scripts/setup.sh into `.cache/jars` and loaded
-from there with `spark.jars`, so that sessions never resolve packages over the network.
+- local: an in-process session (`local[2]`), created once per process and shared by every run in it;
+- connect: a client of a long-lived Spark Connect server (resources/spark_connect.py starts one), so
+  a run in a process of its own pays ~0.3 s to connect instead of a JVM start.
+
+The pipeline's code is the same in both: DataFrames, Delta through SQL and writer options, no
+`sparkContext`, RDD or py4j call (the Connect client has none). Delta's JVM jars are fetched from
+Maven Central by scripts/setup.sh into `.cache/jars` and loaded from there, never over the network.
 """
 
 from __future__ import annotations
@@ -13,14 +18,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import dagster as dg
-from pydantic import PrivateAttr
+from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
 from resources.layout import REPO_ROOT
 
 DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
 DELTA_JARS = ("delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar")
+# `sc://HOST:PORT` of the Spark Connect server every run of this deployment uses; unset: local mode.
+SPARK_REMOTE_ENV = "PHOTON_SPARK_REMOTE"
 
 _session_lock = threading.Lock()
 
@@ -33,13 +39,66 @@ def delta_jars(jars_dir: Path = DEFAULT_JARS_DIR) -> list[str]:
     return [str(j) for j in jars]
 
 
-def delta_session(
-    master: str = "local[2]",
-    shuffle_partitions: int = 4,
-    driver_memory: str = "4g",
-    jars_dir: Path = DEFAULT_JARS_DIR,
-) -> SparkSession:
-    """The process's Spark session with Delta's SQL extension and catalog.
+def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -> dict[str, str]:
+    """The settings of the JVM that runs the pipeline: a local session's or the Connect server's."""
+    return {
+        "spark.jars": ",".join(delta_jars(jars_dir)),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.default.parallelism": str(shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.log.level": "ERROR",
+        "spark.ui.showConsoleProgress": "false",
+        # The status store keeps the last 1,000 SQL executions, jobs and stages (plan strings,
+        # metrics) even with the UI off. One session serves every run, and a 2 M-query backlog
+        # filled a 4 GiB heap with them (Java heap space in a MERGE); a few dozen are enough for the
+        # error messages that use them.
+        "spark.sql.ui.retainedExecutions": "50",
+        # A run's jobs are counted from the retained ones (SparkResource.jobs_counted).
+        "spark.ui.retainedJobs": "200",
+        "spark.ui.retainedStages": "100",
+        "spark.ui.retainedTasks": "10000",
+        "spark.ui.dagGraph.retainedRootRDDs": "100",
+        # Small tables on few cores: rebuilding a Delta snapshot over 50 partitions is pure overhead.
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.databricks.delta.stats.collect": "true",
+        "spark.sql.adaptive.enabled": "true",
+        # CPU, not memory, is what 2 cores lack (benchmarks/run.py backlog, profiled with JFR):
+        # compressing persisted frames (a query unit's parsed lines, the EventStore's matches) took
+        # 12% of the JVM's samples, twice the time of caching them uncompressed; and
+        # dictionary-encoding the ads' ad_id, the column whose dictionary costs the most hashing,
+        # 0.7 s per 800k query rows written (files 15% larger without it).
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        "spark.hadoop.parquet.enable.dictionary#ads.list.element.ad_id": "false",
+        "spark.hadoop.parquet.enable.dictionary#query.ads.list.element.ad_id": "false",
+        # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's 7-day
+        # default; click runs never read snapshots older than that.
+        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+    }
+
+
+def local_conf(master: str = "local[2]", shuffle_partitions: int = 4, driver_memory: str = "4g") -> dict[str, str]:
+    return {
+        "spark.master": master,
+        "spark.app.name": "photon",
+        "spark.driver.memory": driver_memory,
+        # A local session talks to itself only: keep the driver on loopback.
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        **delta_conf(shuffle_partitions),
+    }
+
+
+def _prepare_local_process() -> None:
+    # Python workers must run this interpreter (the project's venv); pyspark reads the variable.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def delta_session(master: str = "local[2]", shuffle_partitions: int = 4, driver_memory: str = "4g") -> SparkSession:
+    """The process's local Spark session with Delta's SQL extension and catalog.
 
     getOrCreate returns an existing session unchanged (its static settings cannot change), so the
     first caller's settings win; every caller in this project passes the same ones.
@@ -48,78 +107,64 @@ def delta_session(
         active = SparkSession.getActiveSession()
         if active is not None:
             return active
-        # Python workers must run this interpreter (the project's venv); pyspark reads the variable.
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        # A local session talks to itself only: keep the driver on loopback.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = (
-            SparkSession.builder.master(master)
-            .appName("photon")
-            .config("spark.jars", ",".join(delta_jars(jars_dir)))
-            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-            .config("spark.driver.memory", driver_memory)
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-            .config("spark.default.parallelism", str(shuffle_partitions))
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            # The status store keeps the last 1,000 SQL executions, jobs and stages (plan strings,
-            # metrics) even with the UI off. One session serves every run of `photon run`, and a
-            # 2 M-query backlog filled a 4 GiB heap with them (Java heap space in a MERGE); a few
-            # dozen are enough for the error messages that use them.
-            .config("spark.sql.ui.retainedExecutions", "50")
-            # A run's jobs are counted from the retained ones (SparkResource.jobs_counted).
-            .config("spark.ui.retainedJobs", "200")
-            .config("spark.ui.retainedStages", "100")
-            .config("spark.ui.retainedTasks", "10000")
-            .config("spark.ui.dagGraph.retainedRootRDDs", "100")
-            # Small tables on few cores: rebuilding a Delta snapshot over 50 partitions is pure overhead.
-            .config("spark.databricks.delta.snapshotPartitions", "2")
-            .config("spark.databricks.delta.stats.collect", "true")
-            .config("spark.sql.adaptive.enabled", "true")
-            # CPU, not memory, is what 2 cores lack (benchmarks/run.py backlog, profiled with JFR):
-            # compressing persisted frames (a query unit's parsed lines, the EventStore's matches)
-            # took 12% of the JVM's samples, twice the time of caching them uncompressed; and
-            # dictionary-encoding the ads' ad_id, the column whose dictionary costs the most hashing,
-            # 0.7 s per 800k query rows written (files 15% larger without it).
-            .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
-            .config("spark.hadoop.parquet.enable.dictionary#ads.list.element.ad_id", "false")
-            .config("spark.hadoop.parquet.enable.dictionary#query.ads.list.element.ad_id", "false")
-            # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's
-            # 7-day default; click runs never read snapshots older than that.
-            .config("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-        )
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
-        return session
+        _prepare_local_process()
+        builder = SparkSession.builder
+        for key, value in local_conf(master, shuffle_partitions, driver_memory).items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
 
 
-class SparkResource(dg.ConfigurableResource):
-    """Local Spark + Delta. The session starts on first use (not when a run starts), and lives for
-    the process, so the in-process run launcher of `photon run` pays the JVM start once."""
+class SparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazy session: it starts on first use, not when a run starts. Its
+    `spark_config` decides the mode: with `spark.remote`, a Spark Connect client; otherwise a local
+    session for the process, so the in-process run launcher of `photon run` pays the JVM start once.
+    Build it with `local()` or `connect()`, or from the environment with `spark_resource_from_env()`."""
 
-    master: str = "local[2]"
-    shuffle_partitions: int = 4
-    driver_memory: str = "4g"
+    @classmethod
+    def local(cls, master: str = "local[2]", shuffle_partitions: int = 4, driver_memory: str = "4g") -> SparkResource:
+        return cls(spark_config=local_conf(master, shuffle_partitions, driver_memory))
 
-    _session: SparkSession | None = PrivateAttr(default=None)
+    @classmethod
+    def connect(cls, remote: str) -> SparkResource:
+        return cls(spark_config={"spark.remote": remote})
+
+    @property
+    def remote(self) -> str | None:
+        return self.spark_config.get("spark.remote")
 
     def session(self) -> SparkSession:
-        if self._session is None:
-            self._session = delta_session(self.master, self.shuffle_partitions, self.driver_memory)
-        return self._session
+        with _session_lock:
+            if self.remote is None:
+                _prepare_local_process()
+            return self.spark_session
 
     @contextmanager
-    def jobs_counted(self, group: str) -> Iterator[Callable[[], int]]:
-        """The Spark jobs this thread starts inside the block (Delta's own included), counted by the
-        status tracker of the local session under a job group; yields a function giving the count."""
-        context = self.session().sparkContext
+    def jobs_counted(self, group: str) -> Iterator[Callable[[], dict[str, int]]]:
+        """The Spark jobs this thread starts inside the block (Delta's own included), as run metadata:
+        yields a function giving {"spark_jobs": n}. Local mode only, where the session's status
+        tracker counts them under a job group; a Connect client has no status tracker, and gives {}."""
+        session = self.session()
+        if self.remote is not None:
+            yield dict
+            return
+        context = session.sparkContext
         context.setJobGroup(group, group)
         try:
-            yield lambda: len(context.statusTracker().getJobIdsForGroup(group))
+            yield lambda: {"spark_jobs": len(context.statusTracker().getJobIdsForGroup(group))}
         finally:
             context.setLocalProperty("spark.jobGroup.id", None)
             context.setLocalProperty("spark.job.description", None)
+
+
+def spark_resource_from_env() -> SparkResource:
+    """Connect mode when PHOTON_SPARK_REMOTE names a server, local mode otherwise."""
+    remote = os.environ.get(SPARK_REMOTE_ENV)
+    return SparkResource.connect(remote) if remote else SparkResource.local()
+
+
+def spark_session() -> SparkSession:
+    """The session of this process's mode (PHOTON_SPARK_REMOTE), for code outside a run."""
+    remote = os.environ.get(SPARK_REMOTE_ENV)
+    if remote:
+        return SparkSession.builder.remote(remote).getOrCreate()
+    return delta_session()

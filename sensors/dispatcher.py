@@ -147,6 +147,16 @@ def pace_clicks(
     return Pacing(cut_ranges, held, reason, ahead)
 
 
+# Set by `photon up`: its daemon runs the dispatchers without anyone starting them in the UI.
+SENSORS_RUNNING_ENV = "PHOTON_SENSORS_RUNNING"
+
+
+def default_status() -> dg.DefaultSensorStatus:
+    """Stopped unless PHOTON_SENSORS_RUNNING is set; a status set in the UI or by `photon run` wins."""
+    running = os.environ.get(SENSORS_RUNNING_ENV)
+    return dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
+
+
 def work_unit_bytes(stream: str, backlog_bytes: int, settings: PipelineSettings) -> int:
     """Size of the work units cut now: up to the catch-up size while more than `CATCH_UP_AFTER_UNITS`
     normal work units' worth is waiting (a backlog, or a pipeline that fell behind)."""
@@ -164,7 +174,7 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         name=f"{stream}_log_dispatcher_{dc}",
         job_name=job_name,
         minimum_interval_seconds=MIN_INTERVAL_SECONDS,
-        default_status=dg.DefaultSensorStatus.STOPPED,
+        default_status=default_status(),
         description=f"Tails logs/{dc}/{stream}/: new complete lines become work units (one run each); "
         "failed work units are retried under a new run key with backoff."
         + (" Click lines ahead of the query stream's progress wait while query data is being ingested "
@@ -231,7 +241,7 @@ def pending_dispatcher(dc: str, data_dir: str) -> dg.SensorDefinition:
         name=f"pending_click_dispatcher_{dc}",
         job_name=JOIN_CLICKS_JOB,
         minimum_interval_seconds=MIN_INTERVAL_SECONDS,
-        default_status=dg.DefaultSensorStatus.STOPPED,
+        default_status=default_status(),
         description="Retries this datacenter's pending clicks (query not found yet) when query data "
         "that could hold their queries has arrived, within their backoff; never in a loop while no "
         "query data arrives.",

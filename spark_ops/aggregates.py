@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_ops.meter import count_commit
+from spark_ops.tables import merge_into
 
 KEYS = ["advertiser_id", "minute"]
 
@@ -39,18 +39,8 @@ def refresh_aggregates(joined: DataFrame, work_unit: str, path: str) -> bool:
     fresh = aggregate_clicks(around).join(touched, KEYS, "left_semi")
     # The target's minutes bounded too: Delta then skips the table's files of other minutes by
     # their statistics (each refresh adds a file or two, and old minutes' files are never touched).
-    in_minutes = F.col("t.minute").between(
-        F.timestamp_micros(F.lit(first_minute)), F.timestamp_micros(F.lit(after_last_minute - 1))
-    )
-    condition = in_minutes
-    for key in KEYS:
-        condition &= F.col(f"t.{key}") == F.col(f"s.{key}")
-    (
-        DeltaTable.forPath(joined.sparkSession, path).alias("t")
-        .merge(fresh.alias("s"), condition)
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
+    condition = f"t.minute BETWEEN timestamp_micros({first_minute}) AND timestamp_micros({after_last_minute - 1})"
+    condition += "".join(f" AND t.{key} = s.{key}" for key in KEYS)
+    merge_into(path, fresh, f"ON {condition} WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
     count_commit("click_aggregates")
     return True

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from delta.tables import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -27,7 +26,7 @@ from pyspark.sql import types as T
 from spark_ops.meter import count_commit
 from spark_ops.parse import LOOKUP_CHUNK_FIELDS, events, parse_chunks
 from spark_ops.schemas import PARSED, arrow_schema, literal_frame
-from spark_ops.tables import table_lock
+from spark_ops.tables import delta_path, sql_literal, table_lock
 
 # `<server_ip>:<process_id>:<timestamp_us>`; an IPv6 address may itself contain colons.
 EVENT_ID = r"^(.+):([^:]+):(\d+)$"
@@ -68,11 +67,10 @@ def evict_from_cache(
     ).first()
     if scan["removed"]:
         with table_lock(path):
-            table = DeltaTable.forPath(spark, path)
-            table.delete((F.col("dc") == dc) & (ts < before_us))
+            spark.sql(f"DELETE FROM {delta_path(path)} WHERE dc = {sql_literal(dc)} AND timestamp_us < {int(before_us)}")
             count_commit("query_logs")
             # Files an earlier eviction removed are deleted once they are old enough.
-            table.vacuum(vacuum_retain_hours)
+            spark.sql(f"VACUUM {delta_path(path)} RETAIN {float(vacuum_retain_hours)} HOURS")
     return scan["removed"], scan["oldest_kept"]
 
 
@@ -256,7 +254,7 @@ class EventStore:
             F.col("end").alias("chunk_end"),
             F.lit(True).alias("owns_first_line"),
             "wanted",
-        ).repartition(spark.sparkContext.defaultParallelism)
+        ).repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
         schema = PARSED["query"]
         lines = self._keep(
             chunks.select(*LOOKUP_CHUNK_FIELDS.fieldNames()).mapInArrow(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -25,7 +24,7 @@ from resources.stream_state import PendingDigest, QueryProgress
 from spark_ops.event_store import event_id_parts
 from spark_ops.meter import count_commit
 from spark_ops.schemas import literal_frame
-from spark_ops.tables import TABLE_SCHEMAS, ensure_table, read_table, table_lock
+from spark_ops.tables import TABLE_SCHEMAS, ensure_table, merge_into, read_table, sql_literal, table_lock
 
 PROGRESS_SCHEMA = T.StructType(
     [
@@ -147,16 +146,14 @@ def update_pending(path: str, dc: str, token: str, still_pending: DataFrame, att
         gone = attempted.select("click_id").join(rows.select("click_id"), "click_id", "left_anti")
         rows = rows.unionByName(gone.withColumn("still_pending", F.lit(False)), allowMissingColumns=True)
     with table_lock(path):
-        (
-            DeltaTable.forPath(spark, path).alias("t")
-            .merge(rows.alias("s"), f"t.dc = '{dc}' AND t.click_id = s.click_id")
-            .whenMatchedDelete(condition="NOT s.still_pending")
-            .whenMatchedUpdate(
-                condition=f"s.still_pending AND t.last_attempt_unit <> '{token}'",
-                set={**{c: f"s.{c}" for c in columns if c not in ("dc", "click_id")},
-                     "attempts": "greatest(t.attempts, s.attempts)"},
-            )
-            .whenNotMatchedInsert(condition="s.still_pending", values={c: f"s.{c}" for c in columns})
-            .execute()
+        updated = ", ".join(f"{c} = s.{c}" for c in columns if c not in ("dc", "click_id", "attempts"))
+        merge_into(
+            path, rows,
+            f"ON t.dc = {sql_literal(dc)} AND t.click_id = s.click_id"
+            " WHEN MATCHED AND NOT s.still_pending THEN DELETE"
+            f" WHEN MATCHED AND s.still_pending AND t.last_attempt_unit <> {sql_literal(token)}"
+            f" THEN UPDATE SET {updated}, attempts = greatest(t.attempts, s.attempts)"
+            f" WHEN NOT MATCHED AND s.still_pending THEN INSERT ({', '.join(columns)})"
+            f" VALUES ({', '.join(f's.{c}' for c in columns)})",
         )
     count_commit("pending_clicks")

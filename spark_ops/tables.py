@@ -12,6 +12,10 @@ the write idempotent, since only a retry can find an earlier attempt's commit.
   only an earlier attempt of the same unit can have written it, and Delta skips every other file by
   its statistics.
 
+Delta is reached through SQL and the DataFrame writer only, never the `DeltaTable` Python API: that
+API has no Spark Connect backend for delta-spark 4.0 (resources/spark.py), and the same code runs on
+a local session and a Connect session.
+
 Every commit holds the table's lock (`table_lock`). Delta needs the storage to let only one writer
 create a given log file; on a local file system its LogStore guarantees that only within one JVM, and
 each datacenter's `photon run` is its own JVM writing the same tables.
@@ -28,7 +32,6 @@ from pathlib import Path
 import deltalake
 import pyarrow as pa
 import pyarrow.compute as pc
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -185,17 +188,40 @@ def tables_locked(paths: list[str]) -> Iterator[None]:
         yield
 
 
+def sql_literal(value: str) -> str:
+    """`value` as a SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def delta_path(path: str) -> str:
+    """The Delta table at `path`, as SQL names it."""
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
+def table_ddl(schema: T.StructType) -> str:
+    return ", ".join(
+        f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}" for f in schema.fields
+    )
+
+
 def ensure_table(spark: SparkSession, name: str, path: str) -> None:
     if (Path(path) / "_delta_log").is_dir():
         return
     schema, partitions = TABLE_SCHEMAS[name]
+    statement = f"CREATE TABLE IF NOT EXISTS {delta_path(path)} ({table_ddl(schema)}) USING DELTA"
+    if partitions:
+        statement += f" PARTITIONED BY ({', '.join(partitions)})"
+    properties = TABLE_PROPERTIES.get(name, {})
+    if properties:
+        statement += f" TBLPROPERTIES ({', '.join(f'{sql_literal(k)} = {sql_literal(v)}' for k, v in properties.items())})"
     with table_lock(path):
-        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-        if partitions:
-            builder = builder.partitionedBy(*partitions)
-        for key, value in TABLE_PROPERTIES.get(name, {}).items():
-            builder = builder.property(key, value)
-        builder.execute()
+        spark.sql(statement)
+
+
+def merge_into(path: str, source: DataFrame, clauses: str) -> None:
+    """`MERGE INTO` the Delta table at `path` (alias t) from `source` (alias s): `clauses` is the
+    statement's `ON ... WHEN ...` part. The caller holds the table's lock and counts the commit."""
+    source.sparkSession.sql(f"MERGE INTO {delta_path(path)} AS t USING {{source}} AS s {clauses}", source=source)
 
 
 def read_table(spark: SparkSession, name: str, path: str) -> DataFrame:
@@ -218,7 +244,7 @@ def row_count(spark: SparkSession, name: str, path: str) -> int:
 def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, DataFrame]:
     """The table's latest version and a DataFrame pinned to it."""
     ensure_table(spark, name, path)
-    version = DeltaTable.forPath(spark, path).history(1).first()["version"]
+    version = spark.sql(f"DESCRIBE HISTORY {delta_path(path)} LIMIT 1").first()["version"]
     return version, spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
@@ -258,17 +284,11 @@ def insert_new(df: DataFrame, name: str, path: str, key: str, within: dict[str, 
     spark = df.sparkSession
     ensure_table(spark, name, path)
     schema, _ = TABLE_SCHEMAS[name]
-    condition = F.col(f"t.{key}") == F.col(f"s.{key}")
-    for column, value in (within or {}).items():
-        condition &= F.col(f"t.{column}") == F.lit(value)
+    condition = f"t.`{key}` = s.`{key}`" + "".join(
+        f" AND t.`{column}` = {sql_literal(value)}" for column, value in (within or {}).items()
+    )
     with table_lock(path):
-        (
-            DeltaTable.forPath(spark, path)
-            .alias("t")
-            .merge(df.select(*schema.fieldNames()).alias("s"), condition)
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
+        merge_into(path, df.select(*schema.fieldNames()), f"ON {condition} WHEN NOT MATCHED THEN INSERT *")
     count_commit(name)
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from spark_ops.event_store import event_id_parts
-from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, ensure_table, overwrite, table_lock
+from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, ensure_table, merge_into, overwrite, table_lock
 
 RECOVERY_UNIT_PREFIX = "recovery"
 
@@ -121,9 +120,4 @@ def add_pending(spark: SparkSession, path: str, rows: DataFrame) -> None:
     ensure_table(spark, "pending_clicks", path)
     columns = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
     with table_lock(path):
-        (
-            DeltaTable.forPath(spark, path).alias("t")
-            .merge(rows.select(*columns).alias("s"), "t.dc = s.dc AND t.click_id = s.click_id")
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
+        merge_into(path, rows.select(*columns), "ON t.dc = s.dc AND t.click_id = s.click_id WHEN NOT MATCHED THEN INSERT *")

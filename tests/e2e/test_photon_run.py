@@ -57,6 +57,8 @@ def test_a_small_workload_end_to_end_reports_what_each_run_cost(tmp_path):
         cost = summary["run_cost"][kind]
         assert cost["runs"] >= 1 and cost["spark_jobs"] > 0 and cost["delta_commits"] >= 1, (kind, cost)
         assert cost["median_seconds"] > 0 and cost["phase_seconds"], (kind, cost)
+        if kind != "aggregates":
+            assert cost["median_launch_to_spark_seconds"] is not None, (kind, cost)
 
 
 @pytest.fixture(scope="module")

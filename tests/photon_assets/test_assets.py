@@ -25,7 +25,7 @@ def data_dir(tmp_path):
 
 def resources(data_dir):
     return {
-        "spark": SparkResource(shuffle_partitions=2, driver_memory="2g"),
+        "spark": SparkResource.local(shuffle_partitions=2, driver_memory="2g"),
         "warehouse": WarehouseResource(data_dir=str(data_dir)),
         "registry": IdRegistryResource(data_dir=str(data_dir)),
         "settings": PipelineSettings(pending_backoff_seconds=0),

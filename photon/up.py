@@ -1,0 +1,216 @@
+"""`photon up`: the whole deployment on a data directory, as Dagster is run in production.
+
+Components, each a process (group) of its own, each logging to `<data-dir>/state/up/<name>.log`:
+- the registry service (`photon registry serve`, as `photon run` starts it: photon/runner.py);
+- a Spark Connect server with Delta (resources/spark_connect.py): the long-lived Spark every run
+  uses, so a run in a process of its own connects in ~0.3 s instead of starting a JVM;
+- `dagster-daemon`, with the dispatchers running (they are stopped by default elsewhere), launching
+  each run in a process of its own (Dagster's default run launcher);
+- `dagster-webserver`, the UI.
+
+A component that exits stops the whole deployment with a one-line error naming it and its log
+(`photon up` does not restart it: a deployment that heals silently hides a crash loop). SIGINT or
+SIGTERM stops every component, the daemon and its runs first. A run cut short is marked failed when
+`photon up` (or `photon run`) next starts on the directory, and its work unit is retried: the
+exactly-once machinery makes that safe, so stopping loses nothing. While up, a run whose process
+died (killed, out of memory) is marked failed within seconds (`fail_dead_runs`), and retried.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from photon.runner import (
+    RunnerError, die_with_parent, exclusive, fail_orphaned_runs, headless_instance, prepare_environment,
+    registry_service,
+)
+from photon_assets.work_unit import TAG_DC
+from resources.layout import REPO_ROOT, DataLayout
+from resources.spark import SPARK_REMOTE_ENV
+from resources.spark_connect import free_port, server_command, server_environment, wait_until_serving
+from sensors.dispatcher import SENSORS_RUNNING_ENV
+
+REAP_EVERY_SECONDS = 5.0
+STOP_SECONDS = 25.0  # SIGTERM to SIGKILL, per component; the whole stop stays within 30 s
+WEBSERVER_START_SECONDS = 180.0
+
+
+@dataclass
+class Component:
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+
+def up_dir(layout: DataLayout) -> Path:
+    return layout.root / "state" / "up"
+
+
+@contextmanager
+def only_one_up(layout: DataLayout):
+    lock_path = layout.root / "state" / "locks" / "up.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise RunnerError(f"photon up is already running on {layout.root} (pid {lock.read().strip() or '?'})") from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
+
+
+def start(name: str, command: list[str], layout: DataLayout, env: dict[str, str] | None = None) -> Component:
+    """A component in a new process group (its own children, such as the daemon's code server and
+    run processes, share it, so one signal stops them all), ended by the kernel if `photon up` dies."""
+    log = up_dir(layout) / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as output:
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env or dict(os.environ), stdout=output, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
+        )
+    return Component(name, process, log)
+
+
+def stop(components: list[Component], log: logging.Logger) -> None:
+    """SIGTERM to each component's process group, in order, each given STOP_SECONDS; then SIGKILL."""
+    for component in components:
+        if component.process.poll() is None:
+            log.info("stopping %s", component.name)
+        try:
+            os.killpg(component.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        try:
+            component.process.wait(timeout=STOP_SECONDS / len(components))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(component.process.pid, signal.SIGKILL)  # what of the group is left
+        except ProcessLookupError:
+            pass
+        component.process.wait()
+
+
+def wait_for_webserver(url: str, webserver: Component) -> None:
+    deadline = time.monotonic() + WEBSERVER_START_SECONDS
+    while time.monotonic() < deadline:
+        if webserver.process.poll() is not None:
+            raise RunnerError(f"dagster-webserver exited with status {webserver.process.returncode}; see {webserver.log}")
+        try:
+            with urllib.request.urlopen(f"{url}/server_info", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RunnerError(f"dagster-webserver did not serve within {WEBSERVER_START_SECONDS:.0f} s; see {webserver.log}")
+
+
+def run_process(instance: dg.DagsterInstance, run_id: str) -> tuple[int, float] | None:
+    """The pid a run's process logged when it began (Dagster's engine event with a `pid`), and when."""
+    events = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT).records
+    for record in events:
+        metadata = record.event_log_entry.dagster_event.engine_event_data.metadata
+        if "pid" in metadata:
+            return int(metadata["pid"].value), record.event_log_entry.timestamp
+    return None
+
+
+def process_alive_since(pid: int, since: float) -> bool:
+    """Whether process `pid` lives (not a zombie) and started by `since` (not a reused pid)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, StopIteration):
+        return False
+    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return fields[0] != "Z" and started <= since + 1.0
+
+
+def fail_dead_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> list[str]:
+    """Started runs of these datacenters whose process is gone (killed: Dagster's default run
+    launcher has no health check, and such a run would stay started for good) are marked failed, so
+    that the dispatchers retry their work units. Returns their run ids."""
+    failed = []
+    for run in instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
+        if run.tags.get(TAG_DC) not in datacenters:
+            continue
+        process = run_process(instance, run.run_id)
+        if process is None or process_alive_since(*process):
+            continue
+        # It may have finished between the two reads: only a run still started is failed.
+        if instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED:
+            instance.report_run_failed(run, f"its process (pid {process[0]}) died")
+            failed.append(run.run_id)
+    return failed
+
+
+def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master: str, log: logging.Logger,
+             ready=print) -> int:
+    """Runs the deployment until SIGINT/SIGTERM (exit 0) or until a component exits (exit 1)."""
+    stopping = []
+
+    def on_signal(signum, _frame):
+        stopping.append(signum)
+
+    prepare_environment(layout, datacenters, run_log_level="INFO")
+    components: list[Component] = []
+    with ExitStack() as held:
+        held.enter_context(only_one_up(layout))
+        held.enter_context(exclusive(layout, datacenters))
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            instance = headless_instance(layout)
+            orphans = fail_orphaned_runs(instance, datacenters)
+            if orphans:
+                log.warning("marked %d run(s) cut short earlier as failed; their work units will be retried", orphans)
+            held.enter_context(registry_service(layout, log))
+            spark_port = free_port()
+            remote = f"sc://127.0.0.1:{spark_port}"
+            spark = start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment())
+            components.append(spark)
+            wait_until_serving(remote, spark.process)
+            log.info("Spark Connect server at %s (%s)", remote, spark_master)
+            env = {**os.environ, SPARK_REMOTE_ENV: remote, SENSORS_RUNNING_ENV: "1"}
+            workspace = str(REPO_ROOT / "workspace.yaml")
+            bin_dir = Path(sys.executable).parent
+            # Stopped first: the daemon (no new runs), with its runs; then the UI, Spark.
+            components.insert(0, start("dagster-daemon", [str(bin_dir / "dagster-daemon"), "run", "-w", workspace],
+                                       layout, env))
+            webserver = start("dagster-webserver", [str(bin_dir / "dagster-webserver"), "-w", workspace,
+                                                    "-h", "127.0.0.1", "-p", str(port)], layout, env)
+            components.insert(1, webserver)
+            url = f"http://127.0.0.1:{port}"
+            wait_for_webserver(url, webserver)
+            ready(f"photon up: {url} (data {layout.root}; logs {up_dir(layout)}); Ctrl-C stops", flush=True)
+            reaped = time.monotonic()
+            while not stopping:
+                for component in components:
+                    if component.process.poll() is not None:
+                        raise RunnerError(f"{component.name} exited with status {component.process.returncode}; "
+                                          f"see {component.log}")
+                if time.monotonic() - reaped > REAP_EVERY_SECONDS:
+                    for run_id in fail_dead_runs(instance, datacenters):
+                        log.warning("run %s: its process died; marked failed, its work unit will be retried", run_id)
+                    reaped = time.monotonic()
+                time.sleep(0.5)
+            log.info("signal %d: stopping", stopping[0])
+            return 0
+        finally:
+            stop(components, log)

@@ -1,0 +1,69 @@
+"""The long-lived Spark behind a deployment: a Spark Connect server with Delta, started by the project.
+
+The server is in the pyspark wheel (no start script ships with it): `spark-submit --class
+org.apache.spark.sql.connect.service.SparkConnectServer spark-internal`, with the same settings as a
+local session (resources/spark.py: delta_conf). Its Python workers (mapInArrow: parsing, registry
+calls) must run the project's interpreter, hence PYSPARK_PYTHON in its environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pyspark.find_spark_home import _find_spark_home
+
+from resources.spark import delta_conf
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def server_command(port: int, master: str = "local[2]", driver_memory: str = "4g", shuffle_partitions: int = 4,
+                   host: str = "127.0.0.1") -> list[str]:
+    conf = {
+        **delta_conf(shuffle_partitions),
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": host,
+        "spark.driver.bindAddress": host,
+        "spark.ui.enabled": "false",
+    }
+    settings = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
+    return [
+        str(Path(_find_spark_home()) / "bin" / "spark-submit"),
+        "--class", SERVER_CLASS, "--name", "photon-connect", "--master", master, "--driver-memory", driver_memory,
+        *settings, "spark-internal",
+    ]
+
+
+def server_environment(host: str = "127.0.0.1") -> dict[str, str]:
+    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": host}
+
+
+def wait_until_serving(remote: str, server: subprocess.Popen | None, timeout_seconds: float = 120.0) -> None:
+    """Returns once the server at `remote` (sc://HOST:PORT) accepts connections: it binds its port
+    only after its Spark session is up. Raises if the server process exits first or the time runs
+    out. (A TCP probe, not a client: a gRPC client's threads would make the caller's later forks
+    unsafe.)"""
+    host, port = remote.removeprefix("sc://").split("/")[0].rsplit(":", 1)
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        if server is not None and server.poll() is not None:
+            raise RuntimeError(f"the Spark Connect server exited with status {server.returncode} before serving")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Spark Connect server at {remote} did not serve within {timeout_seconds:.0f} s")
+            time.sleep(0.2)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,197 @@
+"""`photon up` end to end: the real registry service, Spark Connect server, dagster-daemon (one process
+per run) and dagster-webserver, driving a generated workload to idle; then stopped, leaving no process."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from deltalake import DeltaTable
+
+from photon.runner import headless_instance
+from photon.up import run_process
+from photon_assets.work_unit import UNFINISHED
+from resources.layout import REPO_ROOT, DataLayout
+from resources.spark_connect import free_port
+from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
+
+pytestmark = pytest.mark.e2e
+IDLE_TIMEOUT_SECONDS = 900
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, found through /proc (components start process groups of
+    their own, so a process group would not find them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"}
+
+
+def wait_for_output(data_dir: Path, truth: dict, up: subprocess.Popen) -> None:
+    """Until every joinable click is joined and no run is unfinished, twice in a row 5 s apart."""
+    joined_path = data_dir / "warehouse" / "joined_clicks"
+    instance = headless_instance(DataLayout(data_dir))
+    deadline = time.monotonic() + IDLE_TIMEOUT_SECONDS
+    quiet = 0
+    while quiet < 2:
+        assert up.poll() is None, f"photon up exited with status {up.returncode}"
+        assert time.monotonic() < deadline, "the daemon did not drive the workload to idle in time"
+        time.sleep(5)
+        joined = (
+            sum(DeltaTable(str(joined_path)).get_add_actions(flatten=True).column("num_records").to_pylist())
+            if (joined_path / "_delta_log").is_dir() else 0
+        )
+        unfinished = instance.get_runs_count(dg.RunsFilter(statuses=[*UNFINISHED]))
+        quiet = quiet + 1 if joined == truth["joinable_clicks"] and unfinished == 0 else 0
+
+
+def test_photon_up_drives_a_workload_to_idle_then_stops_everything(tmp_path):
+    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "1000", "--seed", "13", "--datacenters", "dc1")
+    assert result.returncode == 0, result.stderr
+    truth = json.loads((tmp_path / "gen_summary.json").read_text())
+    assert truth["late_query_events"] > 0 and truth["duplicate_click_lines"] > 0 and truth["bad_lines"] > 0
+
+    port = free_port()
+    up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(tmp_path), "--port", str(port)], cwd=REPO_ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ready = up.stdout.readline()
+        assert ready.startswith(f"photon up: http://127.0.0.1:{port} "), (ready, up.stderr.read() if up.poll() else "")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as answer:
+            assert answer.status == 200
+
+        second = photon("up", "--data-dir", str(tmp_path), "--port", str(free_port()), timeout=120)
+        assert second.returncode == 1
+        assert second.stderr.strip() == f"photon: error: photon up is already running on {tmp_path} (pid {up.pid})"
+
+        wait_for_output(tmp_path, truth, up)
+        running = descendants(up.pid)
+        assert len(running) >= 4  # registry, Spark Connect, daemon, webserver (and their children)
+    finally:
+        stop_started = time.monotonic()
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            raise
+    assert up.returncode == 0, up.stderr.read()[-3000:]
+    assert time.monotonic() - stop_started < 30
+    assert alive(running) == set()
+
+    # The daemon's runs, each a process of its own, wrote exactly the expected output: a photon run
+    # on the same directory finds nothing left to do, and verifies it.
+    summary = run(tmp_path)
+    assert_matches_ground_truth(summary, truth)
+    instance = headless_instance(DataLayout(tmp_path))
+    daemon_runs = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))
+    assert {r.dagster_run.job_name for r in daemon_runs} >= {"ingest_queries", "join_clicks_job"}
+    # Each daemon-launched run reports its start-up cost (the benchmarks compare it; no timing here).
+    assert summary["run_cost"]["click"]["median_launch_to_spark_seconds"] is not None
+    assert summary["run_cost"]["click"]["spark_jobs"] is None  # Connect clients: jobs not counted
+
+
+def start_up(data_dir: Path, env: dict[str, str]) -> subprocess.Popen:
+    up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(data_dir), "--port", str(free_port())], cwd=REPO_ROOT,
+                          env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    ready = up.stdout.readline()
+    assert ready.startswith("photon up: http://127.0.0.1:"), (ready, up.stderr.read() if up.poll() else "")
+    return up
+
+
+def started_run(instance: dg.DagsterInstance, up: subprocess.Popen, not_in: set[str]) -> tuple[str, int]:
+    """A run not in `not_in`, in the middle of its work (its process began 5 s ago: past its Dagster
+    and Spark start); its id and pid."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert up.poll() is None, up.stderr.read()[-3000:]
+        for run in instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
+            process = run_process(instance, run.run_id)
+            if run.run_id not in not_in and process is not None and time.time() - process[1] > 5:
+                return run.run_id, process[0]
+        time.sleep(0.2)
+    raise AssertionError("no run started")
+
+
+def component_pid(up: subprocess.Popen, name: str) -> int:
+    """The pid of one of `photon up`'s components, by its command line."""
+    for pid in descendants(up.pid):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if name in command and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(up.pid):
+            return pid
+    raise AssertionError(f"no {name} process under photon up")
+
+
+def killed_component_stops_up(up: subprocess.Popen, name: str, marker: str) -> None:
+    running = descendants(up.pid)
+    os.kill(component_pid(up, marker), signal.SIGKILL)
+    assert up.wait(timeout=60) == 1
+    assert up.stderr.read().strip().splitlines()[-1].startswith(f"photon: error: {name} exited with status ")
+    deadline = time.monotonic() + 10
+    while alive(running) and time.monotonic() < deadline:  # SIGKILLed groups: the kernel reaps them
+        time.sleep(0.2)
+    assert alive(running) == set()
+
+
+def test_killed_runs_daemon_and_spark_connect_lose_nothing(tmp_path):
+    """kill -9 of a run's process (photon up fails it; its work unit is retried), of the Spark
+    Connect server and of dagster-daemon in the middle of runs (photon up stops with a one-line error
+    and is started again): the output is still exactly the expected clicks."""
+    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "1000", "--seed", "17", "--datacenters", "dc1")
+    assert result.returncode == 0, result.stderr
+    truth = json.loads((tmp_path / "gen_summary.json").read_text())
+    # Small work units: many runs, so that each fault finds one under way.
+    env = {"PHOTON_SETTINGS": json.dumps({"click_work_unit_bytes": 4000, "query_work_unit_bytes": 150_000,
+                                          "click_catch_up_work_unit_bytes": 0, "query_catch_up_work_unit_bytes": 0})}
+    seen: set[str] = set()
+
+    up = start_up(tmp_path, env)
+    instance = headless_instance(DataLayout(tmp_path))
+    try:
+        run_id, pid = started_run(instance, up, seen)
+        seen.add(run_id)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while instance.get_run_by_id(run_id).status != dg.DagsterRunStatus.FAILURE:
+            assert time.monotonic() < deadline, "the killed run was not marked failed"
+            time.sleep(0.5)
+
+        seen.add(started_run(instance, up, seen)[0])
+        killed_component_stops_up(up, "spark-connect", "SparkConnectServer")
+
+        up = start_up(tmp_path, env)
+        seen.add(started_run(instance, up, seen)[0])
+        killed_component_stops_up(up, "dagster-daemon", "dagster-daemon")
+
+        up = start_up(tmp_path, env)
+        wait_for_output(tmp_path, truth, up)
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            up.wait(timeout=30)
+    summary = run(tmp_path)
+    assert_matches_ground_truth(summary, truth)
