@@ -31,6 +31,8 @@ def server_command(port: int, master: str = "local[2]", driver_memory: str = "4g
         "spark.driver.host": host,
         "spark.driver.bindAddress": host,
         "spark.ui.enabled": "false",
+        # Executors of a standalone cluster run the same interpreter for their Python workers.
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
     }
     settings = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
     return [

@@ -1,0 +1,92 @@
+"""Scale-out on an existing engine: the pipeline on a Spark standalone cluster (a master and two
+workers on 127.0.0.1) behind the Spark Connect server; executors parse logs and call the registry
+service themselves; the output is exactly once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from pyspark.find_spark_home import _find_spark_home
+
+from resources.layout import REPO_ROOT
+from resources.spark_connect import free_port, wait_until_serving
+from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
+
+pytestmark = pytest.mark.e2e
+SPARK_CLASS = str(Path(_find_spark_home()) / "bin" / "spark-class")
+
+
+def spawn(command: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    with open(log, "ab") as output:
+        return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def master_state(web_port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=5) as answer:
+        return json.load(answer)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A standalone master, two one-core workers, and a Spark Connect server whose master it is."""
+    root = tmp_path_factory.mktemp("cluster")
+    port, web_port = free_port(), free_port()
+    processes = [spawn([SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                        "--port", str(port), "--webui-port", str(web_port)], root / "master.log")]
+    try:
+        for n in (1, 2):
+            processes.append(spawn(
+                [SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host",
+                 "127.0.0.1", "--cores", "1", "--memory", "2g", "--webui-port", str(free_port()),
+                 "--work-dir", str(root / f"worker{n}")], root / f"worker{n}.log"))
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if master_state(web_port)["aliveworkers"] == 2:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the standalone cluster did not come up"
+            time.sleep(1)
+        connect_port = free_port()
+        server = spawn([*PHOTON, "spark-connect", "--port", str(connect_port), "--master", f"spark://127.0.0.1:{port}",
+                        "--driver-memory", "2g"], root / "spark-connect.log")
+        processes.append(server)
+        remote = f"sc://127.0.0.1:{connect_port}"
+        wait_until_serving(remote, server)
+        yield remote, root, web_port
+    finally:
+        for process in reversed(processes):
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def test_the_pipeline_on_a_standalone_cluster_joins_exactly_once(cluster, tmp_path):
+    remote, root, web_port = cluster
+    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "1000", "--seed", "19", "--datacenters", "dc1")
+    assert result.returncode == 0, result.stderr
+    truth = json.loads((tmp_path / "gen_summary.json").read_text())
+
+    summary = run(tmp_path, "--spark-remote", remote)
+    assert_matches_ground_truth(summary, truth)
+
+    # The work ran in both workers' executors (each keeps its executor's directory and log), for
+    # the Connect server's application.
+    apps = master_state(web_port)["activeapps"]
+    assert [app["name"] for app in apps] == ["photon-connect"] and apps[0]["cores"] == 2
+    executors = list(root.glob("worker*/app-*/*/stderr"))
+    assert {path.parts[-4] for path in executors} == {"worker1", "worker2"}
+    assert any("Finished task" in path.read_text(errors="replace") for path in executors)
