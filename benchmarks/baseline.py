@@ -33,9 +33,9 @@ def run_phases(data_dir: Path) -> dict:
     """Per job: runs, mean seconds from run creation to start and from start to end, and the mean
     of each phase the join records in its materialization metadata."""
     import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
+    from photon.dagster_internals import instance_at
 
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(data_dir / "dagster")))
+    instance = instance_at(data_dir / "dagster")
     jobs: dict[str, dict] = {}
     for record in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS])):
         run = record.dagster_run

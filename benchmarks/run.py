@@ -7,6 +7,7 @@ all its descendants (Python, the JVM, the registry server) every 0.2 s for the p
     python benchmarks/run.py backlog [--queries 2000000] [--seed 2026] [--systems photon,duckdb,spark-batch,streaming]
     python benchmarks/run.py scaling [--base-queries 250000] [--factors 1,2,4,8] [--systems photon,duckdb]
     python benchmarks/run.py live [--rate 1000] [--duration-s 300] [--drain-timeout-s 600] [--systems photon,streaming]
+                                  [--mode embedded|daemon]
     python benchmarks/run.py batch-cost
 
 Each writes `benchmarks/results/<date>-<workload>.json` (`--results-dir`) and a PNG chart next to
@@ -29,7 +30,9 @@ Workloads:
   Photon's backlog (bytes on disk not yet cut into a work unit) is sampled every 5 s.
 - **batch-cost**: the fixed cost of a micro-batch when each run gets its own process and JVM
   (what Dagster's default run launcher does) against runs inside `photon run`'s process, which
-  share one Spark session.
+  share one Spark session, and against `photon up` (the daemon launches a process per run, each a
+  client of one long-lived Spark Connect server): per run, time queued, launch to first Spark call,
+  and the pass.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -181,6 +185,59 @@ def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600) ->
         # Where the time goes: runs per job and their mean length, the join's phases per click run.
         **run_phases(data_dir),
     }
+
+
+def joined_rows(table: Path) -> int:
+    """Rows of a Delta table from its log's per-file counts (0 before its first commit)."""
+    from deltalake import DeltaTable
+
+    if not (table / "_delta_log").is_dir():
+        return 0
+    return sum(DeltaTable(str(table)).get_add_actions(flatten=True).column("num_records").to_pylist())
+
+
+def photon_up(data_dir: Path, logs: Path) -> Measured:
+    """`photon up` on the data directory (the daemon deployment), once its UI answers."""
+    from resources.spark_connect import free_port
+
+    measured = Measured(photon_command("up", "--data-dir", str(data_dir), "--port", str(free_port())),
+                        logs / "photon-up.log").start()
+    ready = measured.process.stdout.readline()
+    if not ready.startswith("photon up:"):
+        raise SystemExit(f"photon up did not start: {measured.log.read_text(errors='replace')[-2000:]}")
+    return measured
+
+
+def stop_up(measured: Measured) -> None:
+    measured.process.send_signal(signal.SIGTERM)
+    measured.wait()
+
+
+def daemon_runs(data_dir: Path) -> list[dict]:
+    """Each successful work unit run of the daemon: its wall time from creation to end, time queued,
+    launch to first Spark call, and the pass itself (its phases)."""
+    import dagster as dg
+
+    from photon.runner import headless_instance
+    from resources.layout import DataLayout
+
+    instance = headless_instance(DataLayout(data_dir))
+    runs = {r.dagster_run.run_id: r for r in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))}
+    out = []
+    for asset in ("query_logs", "joined_clicks"):
+        for event in instance.fetch_materializations(dg.AssetKey(asset), limit=10_000).records:
+            metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+            record = runs.get(event.run_id)
+            if record is None or "launch_to_spark_seconds" not in metadata:
+                continue
+            out.append({
+                "kind": "query" if asset == "query_logs" else "click",
+                "run_seconds": round(record.end_time - record.create_timestamp.timestamp(), 2),
+                "queued_seconds": metadata["queued_seconds"],
+                "launch_to_spark_seconds": metadata["launch_to_spark_seconds"],
+                "pass_seconds": round(sum(v for k, v in metadata.items() if k.startswith("phase_")), 2),
+            })
+    return out
 
 
 def peer_command(peer: str, data_dir: Path, out_dir: Path, *options: str) -> list[str]:
@@ -365,7 +422,7 @@ def live(args, work: Path) -> dict:
     for system in args.systems:
         print(f"  {system} ...", file=sys.stderr, flush=True)
         systems[system] = live_run(system, args, work / system)
-    return {"workload": {"rate_clicks_per_second": args.rate, "duration_seconds": args.duration_s,
+    return {"workload": {"rate_clicks_per_second": args.rate, "duration_seconds": args.duration_s, "photon_mode": args.mode,
                          "late_query_share": args.late_query_share, "seed": args.seed,
                          "streaming_watermark": args.watermark, "streaming_join_window": args.join_window},
             "systems": systems}
@@ -381,26 +438,44 @@ def live_run(system: str, args, work: Path) -> dict:
         time.sleep(0.1)
     started = time.time()
     timeout = str(args.duration_s + args.drain_timeout_s)
-    if system == "photon":
-        table = data_dir / "warehouse" / "joined_clicks"
-        command = photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
-                                 "--min-seconds", str(args.duration_s), "--timeout-seconds", timeout)
+    table = data_dir / "warehouse" / "joined_clicks"
+    daemon = system == "photon" and args.mode == "daemon"
+    if daemon:
+        measured = photon_up(data_dir, work / "logs")
     else:
-        table = work / "out" / "streaming-live" / "joined_clicks"
-        command = peer_command("streaming-live", data_dir, work / "out", "--watermark", args.watermark,
-                               "--join-window", args.join_window, "--timeout-seconds", timeout)
-    measured = Measured(command, work / "logs" / f"{system}.log").start()
+        if system == "photon":
+            command = photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
+                                     "--min-seconds", str(args.duration_s), "--timeout-seconds", timeout)
+        else:
+            table = work / "out" / "streaming-live" / "joined_clicks"
+            command = peer_command("streaming-live", data_dir, work / "out", "--watermark", args.watermark,
+                                   "--join-window", args.join_window, "--timeout-seconds", timeout)
+        measured = Measured(command, work / "logs" / f"{system}.log").start()
     backlog_samples, generator_end = [], None
     while measured.process.poll() is None:
         if generator_end is None and gen.process.poll() is not None:
             generator_end = time.time()
         if system == "photon":
             backlog_samples.append({"t": time.time(), **undispatched_bytes(data_dir)})
+        if daemon and generator_end is not None:
+            # photon up runs until stopped: stop it once every joinable click is visible, or the
+            # drain time is over (what is missing then counts as never visible).
+            joinable = len(json.loads((data_dir / "gen_summary.json").read_text())["joinable_click_ids"])
+            if joined_rows(table) >= joinable or time.time() > generator_end + args.drain_timeout_s:
+                stop_up(measured)
+                break
         time.sleep(5 if system == "photon" else 1)
     gen.wait()
     generator_end = generator_end or time.time()
-    stdout = measured.wait()
-    output = json.loads(stdout.strip().splitlines()[-1] if system == "photon" else stdout) if stdout.strip() else None
+    if daemon:
+        checked = subprocess.run(photon_command("check", "--data-dir", str(data_dir), "--json"), cwd=REPO,
+                                 env=measured.env, capture_output=True, text=True)
+        output = {"check": json.loads(checked.stdout.strip().splitlines()[-1]) if checked.stdout.strip() else None,
+                  "runs": daemon_runs(data_dir)}
+    else:
+        stdout = measured.wait()
+        output = (json.loads(stdout.strip().splitlines()[-1] if system == "photon" else stdout)
+                  if stdout.strip() else None)
     truth = json.loads((data_dir / "gen_summary.json").read_text())
     latencies = visible_latencies(table) if (table / "_delta_log").is_dir() else []
     by_minute: dict[int, list[float]] = {}
@@ -410,6 +485,7 @@ def live_run(system: str, args, work: Path) -> dict:
     size = log_bytes(data_dir)
     result = {
         "system": system,
+        "mode": args.mode if system == "photon" else None,
         # What the generator achieved (it shares the 2 cores with the system).
         "generated": {"clicks_per_second": round(truth["click_lines"] / args.duration_s, 1),
                       "queries_per_second": round(truth["query_events"] / args.duration_s, 1),
@@ -472,16 +548,41 @@ def batch_cost(args, work: Path) -> dict:
     in_process = run_timings(data_dir)
     shutil.rmtree(data_dir, ignore_errors=True)
     mean = {k: round(statistics.mean(f[k] for f in fresh), 2) for k in fresh[0]}
-    return {"process_per_run": {"samples": fresh, "mean": mean}, "in_process": in_process}
+    return {"process_per_run": {"samples": fresh, "mean": mean}, "in_process": in_process,
+            "daemon": daemon_cost(args, work)}
+
+
+def daemon_cost(args, work: Path) -> dict:
+    """The same workload under `photon up`: each run a process of its own, launched by the daemon,
+    a client of the long-lived Spark Connect server. Per run: queued, launch to first Spark call,
+    the pass, creation to end; medians per kind of run."""
+    data_dir = work / "batch-cost-daemon"
+    truth = generate(data_dir, "--queries", str(args.queries), "--seed", str(args.seed), "--withhold-late")
+    joinable = len(truth["joinable_click_ids"])  # the late queries are withheld: their clicks stay pending
+    up = photon_up(data_dir, work / "logs")
+    try:
+        deadline = time.monotonic() + 1800
+        while joined_rows(data_dir / "warehouse" / "joined_clicks") < joinable and time.monotonic() < deadline:
+            time.sleep(2)
+    finally:
+        stop_up(up)
+    runs = daemon_runs(data_dir)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    medians = {
+        kind: {key: statistics.median(r[key] for r in runs if r["kind"] == kind)
+               for key in ("run_seconds", "queued_seconds", "launch_to_spark_seconds", "pass_seconds")}
+        for kind in ("query", "click") if any(r["kind"] == kind for r in runs)
+    }
+    return {"runs": runs, "median": medians}
 
 
 def run_timings(data_dir: Path) -> dict:
     """From the Dagster instance: per run, creation to start, and each click run's Spark-session
     phase (zero when the session is shared)."""
     import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
+    from photon.dagster_internals import instance_at
 
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(data_dir / "dagster")))
+    instance = instance_at(data_dir / "dagster")
     starts, durations = [], []
     for record in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS])):
         starts.append(record.start_time - record.create_timestamp.timestamp())
@@ -580,7 +681,8 @@ def live_chart(result: dict, path: Path) -> None:
     latency, by_minute = axes[:2]
     colors = {"photon": "#d62728", "streaming": "#1f77b4"}
     for system, run in result["systems"].items():
-        label, color = SYSTEM_LABELS[system], colors.get(system, "gray")
+        label = "Photon (photon up: daemon)" if run.get("mode") == "daemon" else SYSTEM_LABELS[system]
+        color = colors.get(system, "gray")
         histogram = run["latency_histogram"]
         if histogram["counts"]:
             start, width = histogram["first_bin_seconds"], histogram["bin_seconds"]
@@ -656,6 +758,9 @@ def main() -> None:
     live_options.add_argument("--join-window", default="10 minutes",
                               help="Structured Streaming's join: click time <= query time + this")
     live_options.add_argument("--seed", type=int, default=2026)
+    live_options.add_argument("--mode", choices=("embedded", "daemon"), default="embedded",
+                              help="Photon as `photon run` (runs in its process) or `photon up` (the daemon, a"
+                                   " process per run, Spark Connect)")
     live_options.add_argument("--name", default="live", help="result file name (several rates)")
     live_options.add_argument("--keep-data", action="store_true",
                               help="keep the data directory (under --work-dir) to read every run back")

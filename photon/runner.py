@@ -1,7 +1,7 @@
 """`photon run --until-idle`: the sensor-driven pipeline, headless, through Dagster's own machinery.
 
 This process plays the Dagster daemon's sensor role: it calls the daemon's sensor iteration
-(`dagster._daemon.sensor.execute_sensor_iteration`) against the data directory's Dagster instance,
+(photon/dagster_internals.py, where every Dagster internal lives) against the data directory's instance,
 so ticks, cursors, run keys and tick resumption behave exactly as under `dagster-daemon`. Runs are
 launched with Dagster's synchronous in-process run launcher, so every run of this process shares
 one Spark session (a JVM start costs ~8 s on 2 cores) and the embedded registry's DuckDB file.
@@ -26,14 +26,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import dagster as dg
-from dagster._core.instance.ref import InstanceRef
-from dagster._core.remote_origin import InProcessCodeLocationOrigin
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-from dagster._core.workspace.context import WorkspaceProcessContext
-from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
-import dagster._daemon.sensor as sensor_daemon
-from dagster._daemon.sensor import execute_sensor_iteration
 
+from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
 from resources.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
 from resources.registry import ADDRESS_ENV
@@ -68,15 +62,6 @@ run_coordinator:
 telemetry:
   enabled: false
 """
-
-HEADLESS_OVERRIDES = {
-    "run_launcher": {
-        "module": "dagster._core.launcher.sync_in_memory_run_launcher",
-        "class": "SyncInMemoryRunLauncher",
-    },
-    "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
-}
-
 
 class RunnerError(RuntimeError):
     """A condition that stops `photon run` with a one-line message."""
@@ -115,9 +100,7 @@ def headless_instance(layout: DataLayout) -> dg.DagsterInstance:
     stamp the schema version, which Dagster then refuses to open."""
     with open(layout.dagster_home / ".storage.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        instance = dg.DagsterInstance.from_ref(
-            InstanceRef.from_dir(str(layout.dagster_home), overrides=HEADLESS_OVERRIDES)
-        )
+        instance = instance_at(layout.dagster_home, in_process_runs=True)
         instance.get_runs_count()
         instance.all_instigator_state()
         instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=1)
@@ -134,24 +117,14 @@ def fail_orphaned_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> 
     return len(orphans)
 
 
-def workspace(instance: dg.DagsterInstance) -> WorkspaceProcessContext:
-    origin = InProcessCodeLocationOrigin(
-        loadable_target_origin=LoadableTargetOrigin(
-            executable_path=sys.executable, module_name="definitions", working_directory=str(REPO_ROOT)
-        ),
-        location_name="photon",
-    )
-    return WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(origin))
+def workspace(instance: dg.DagsterInstance):
+    return in_process_workspace(instance, "definitions", REPO_ROOT, "photon")
 
 
-def remote_sensors(context: WorkspaceProcessContext) -> list:
-    request = context.create_request_context()
-    sensors = []
-    for entry in request.get_code_location_entries().values():
-        if entry.load_error:
-            raise RunnerError(f"definitions failed to load: {entry.load_error.message.strip()}")
-        for repo in entry.code_location.get_repositories().values():
-            sensors.extend(repo.get_sensors())
+def loaded_sensors(context) -> list:
+    sensors, errors = remote_sensors(context)
+    if errors:
+        raise RunnerError(f"definitions failed to load: {errors[0]}")
     return sensors
 
 
@@ -272,7 +245,7 @@ def run_until_idle(
             log.warning("data files of output tables are missing (storage loss): running recovery first")
             recoveries.append(recover(instance, log))
         with workspace(instance) as context:
-            sensors = remote_sensors(context)
+            sensors = loaded_sensors(context)
             for sensor in sensors:
                 instance.start_sensor(sensor)
             try:
@@ -307,20 +280,10 @@ def own_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
 PASS_ORDER = ("query_log_dispatcher_", "click_log_dispatcher_", "pending_click_dispatcher_")
 
 
-def pass_order(sensors, key) -> list:
-    """Replaces the daemon's shuffle of the sensors of a pass (there for fairness between code
-    locations; `photon run` has one) by PASS_ORDER."""
+def pass_order(sensors: list) -> list:
+    """The order of a pass's sensors: PASS_ORDER, where the daemon shuffles them (for fairness between
+    code locations; `photon run` has one)."""
     return sorted(sensors, key=lambda s: (next((i for i, p in enumerate(PASS_ORDER) if s.name.startswith(p)), 99), s.name))
-
-
-@contextmanager
-def ordered_pass():
-    shuffle = sensor_daemon.shuffled_round_robin_by_key
-    sensor_daemon.shuffled_round_robin_by_key = pass_order
-    try:
-        yield
-    finally:
-        sensor_daemon.shuffled_round_robin_by_key = shuffle
 
 
 def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
@@ -333,11 +296,7 @@ def drain(instance, context, sensors, layout, datacenters, log, started, timeout
             raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
         pass_started = time.monotonic()
         before = own_runs(instance, datacenters)
-        with ordered_pass():
-            for _ in execute_sensor_iteration(
-                context, log.getChild("sensors"), threadpool_executor=None, submit_threadpool_executor=None
-            ):
-                pass
+        sensor_pass(context, log.getChild("sensors"), pass_order)
         launched = own_runs(instance, datacenters) - before
         retrying = [u for u in work_units_awaiting_retry(instance) if u.split(".")[0] in datacenters]
         waiting = retrying or dispatchers_waiting(instance, sensors, layout, datacenters)

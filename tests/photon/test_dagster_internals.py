@@ -1,0 +1,40 @@
+"""Fails loudly, naming what changed, when a Dagster upgrade moves or changes one of the internals
+photon/dagster_internals.py relies on (an import error names a moved one)."""
+
+import inspect
+
+import dagster._daemon.sensor as sensor_daemon
+
+from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors
+from photon.runner import DAGSTER_YAML
+from resources.layout import DATA_DIR_ENV, REPO_ROOT
+
+
+def test_the_daemon_sensor_iteration_takes_what_sensor_pass_passes():
+    parameters = list(inspect.signature(sensor_daemon.execute_sensor_iteration).parameters)
+    assert parameters[:2] == ["workspace_process_context", "logger"], parameters
+    assert {"threadpool_executor", "submit_threadpool_executor"} <= set(parameters), parameters
+
+
+def test_the_daemon_orders_a_pass_through_the_function_sensor_pass_replaces():
+    assert "shuffled_round_robin_by_key(" in inspect.getsource(sensor_daemon.execute_sensor_iteration)
+
+
+def test_in_process_runs_override_the_data_directorys_queued_daemon_runs(tmp_path):
+    (tmp_path / "dagster.yaml").write_text(DAGSTER_YAML)
+    assert type(instance_at(tmp_path).run_coordinator).__name__ == "QueuedRunCoordinator"
+    instance = instance_at(tmp_path, in_process_runs=True)
+    assert type(instance.run_launcher).__name__ == "SyncInMemoryRunLauncher"
+    assert type(instance.run_coordinator).__name__ != "QueuedRunCoordinator"  # launched at once
+
+
+def test_the_code_location_loads_in_process_with_its_dispatchers(tmp_path, monkeypatch):
+    (tmp_path / "logs" / "dc1").mkdir(parents=True)
+    (tmp_path / "dagster").mkdir()
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    with in_process_workspace(instance_at(tmp_path / "dagster"), "definitions", REPO_ROOT, "photon") as context:
+        sensors, errors = remote_sensors(context)
+    assert errors == []
+    assert sorted(s.name for s in sensors) == [
+        "click_log_dispatcher_dc1", "pending_click_dispatcher_dc1", "query_log_dispatcher_dc1"
+    ]
