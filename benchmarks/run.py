@@ -213,6 +213,17 @@ def stop_up(measured: Measured) -> None:
     measured.wait()
 
 
+def drained(data_dir: Path, joinable: int) -> bool:
+    import dagster as dg
+
+    from photon.dagster_internals import instance_at
+    from photon_assets.work_unit import UNFINISHED
+
+    if joined_rows(data_dir / "warehouse" / "joined_clicks") < joinable:
+        return False
+    return instance_at(data_dir / "dagster").get_runs_count(dg.RunsFilter(statuses=[*UNFINISHED])) == 0
+
+
 def daemon_runs(data_dir: Path) -> list[dict]:
     """Each successful work unit run of the daemon: its wall time from creation to end, time queued,
     launch to first Spark call, and the pass itself (its phases)."""
@@ -461,7 +472,7 @@ def live_run(system: str, args, work: Path) -> dict:
             # photon up runs until stopped: stop it once every joinable click is visible, or the
             # drain time is over (what is missing then counts as never visible).
             joinable = len(json.loads((data_dir / "gen_summary.json").read_text())["joinable_click_ids"])
-            if joined_rows(table) >= joinable or time.time() > generator_end + args.drain_timeout_s:
+            if drained(data_dir, joinable) or time.time() > generator_end + args.drain_timeout_s:
                 stop_up(measured)
                 break
         time.sleep(5 if system == "photon" else 1)
@@ -561,15 +572,17 @@ def daemon_cost(args, work: Path) -> dict:
     joinable = len(truth["joinable_click_ids"])  # the late queries are withheld: their clicks stay pending
     up = photon_up(data_dir, work / "logs")
     try:
+        # Done: every joinable click joined and no run left unfinished (the click run's last step,
+        # click_aggregates, follows its joined_clicks commit).
         deadline = time.monotonic() + 1800
-        while joined_rows(data_dir / "warehouse" / "joined_clicks") < joinable and time.monotonic() < deadline:
+        while not drained(data_dir, joinable) and time.monotonic() < deadline:
             time.sleep(2)
     finally:
         stop_up(up)
     runs = daemon_runs(data_dir)
     shutil.rmtree(data_dir, ignore_errors=True)
     medians = {
-        kind: {key: statistics.median(r[key] for r in runs if r["kind"] == kind)
+        kind: {key: round(statistics.median(r[key] for r in runs if r["kind"] == kind), 3)
                for key in ("run_seconds", "queued_seconds", "launch_to_spark_seconds", "pass_seconds")}
         for kind in ("query", "click") if any(r["kind"] == kind for r in runs)
     }
@@ -719,10 +732,18 @@ def live_chart(result: dict, path: Path) -> None:
 def write(name: str, result: dict, args) -> Path:
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / f"{date.today().isoformat()}-{name}.json"
-    result = {"benchmark": name, "date": date.today().isoformat(), "machine": machine(),
+    result = {"benchmark": name, "date": date.today().isoformat(), "commit": commit(), "machine": machine(),
               "command": " ".join(sys.argv), **result}
     path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def commit() -> str:
+    """The commit measured, marked `-dirty` when the working tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("-dirty" if dirty else "")
 
 
 def machine() -> dict:
