@@ -17,6 +17,12 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"photon: error: {message}\n")
 
 
+def add_spark_remote(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--spark-remote", metavar="sc://HOST:PORT",
+                         help="run Spark on this Spark Connect server (default: env PHOTON_SPARK_REMOTE, else an"
+                              " in-process local session)")
+
+
 def parser() -> argparse.ArgumentParser:
     top = OneLineParser(prog="photon", description="Exactly-once joining of query and click logs.")
     commands = top.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -44,9 +50,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--min-seconds", type=float, default=0.0,
                    help="keep tailing the logs at least this long before idle counts (logs still being written)")
     r.add_argument("--verbose", action="store_true", help="log every tick and run event")
-    r.add_argument("--spark-remote", metavar="sc://HOST:PORT",
-                   help="run Spark on this Spark Connect server (default: env PHOTON_SPARK_REMOTE, else an"
-                        " in-process local session)")
+    add_spark_remote(r)
 
     u = commands.add_parser("up", help="the whole deployment on DIR until SIGINT/SIGTERM: registry service, Spark"
                                         " Connect server, dagster-daemon with the dispatchers running, dagster-webserver")
@@ -64,9 +68,7 @@ def parser() -> argparse.ArgumentParser:
                                          " during the checks (default: all of them)")
     c.add_argument("--json", action="store_true", help="print the outcome as one JSON object, last line")
     c.add_argument("--verbose", action="store_true", help="log every run event")
-    c.add_argument("--spark-remote", metavar="sc://HOST:PORT",
-                   help="run Spark on this Spark Connect server (default: env PHOTON_SPARK_REMOTE, else an"
-                        " in-process local session)")
+    add_spark_remote(c)
 
     sc = commands.add_parser("spark-connect", help="serve a Spark Connect server with Delta until SIGTERM/SIGINT"
                                                    " (for --spark-remote / PHOTON_SPARK_REMOTE)")

@@ -95,6 +95,10 @@ def materialization_totals(instance: dg.DagsterInstance, datacenters: list[str])
 COST_ASSETS = {"query": "query_logs", "click": "joined_clicks", "aggregates": "click_aggregates"}
 
 
+def upper_median(values: list[float]) -> float | None:
+    return round(sorted(values)[len(values) // 2], 3) if values else None
+
+
 def run_costs(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
     """Per kind of run, over these datacenters' runs so far: how many, their Spark jobs (counted in
     local mode only: None over Spark Connect) and Delta commits (totals and per run), their median wall
@@ -124,16 +128,14 @@ def run_costs(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
             if not page.has_more:
                 break
             cursor = page.cursor
-        seconds.sort()
-        launches.sort()
         costs[kind] = {
             "runs": runs,
             "spark_jobs": jobs,
             "delta_commits": commits,
             "spark_jobs_per_run": round(jobs / runs, 1) if runs and jobs is not None else None,
             "delta_commits_per_run": round(commits / runs, 2) if runs else None,
-            "median_seconds": round(seconds[len(seconds) // 2], 3) if seconds else None,
+            "median_seconds": upper_median(seconds),
             "phase_seconds": phases,
-            "median_launch_to_spark_seconds": launches[len(launches) // 2] if launches else None,
+            "median_launch_to_spark_seconds": upper_median(launches),
         }
     return costs

@@ -164,7 +164,4 @@ def spark_resource_from_env() -> SparkResource:
 
 def spark_session() -> SparkSession:
     """The session of this process's mode (PHOTON_SPARK_REMOTE), for code outside a run."""
-    remote = os.environ.get(SPARK_REMOTE_ENV)
-    if remote:
-        return SparkSession.builder.remote(remote).getOrCreate()
-    return delta_session()
+    return spark_resource_from_env().session()
