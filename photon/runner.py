@@ -28,6 +28,7 @@ from pathlib import Path
 import dagster as dg
 
 from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
+from photon.run_processes import kill_run_process
 from resources.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
 from resources.registry import ADDRESS_ENV
@@ -108,12 +109,17 @@ def headless_instance(layout: DataLayout) -> dg.DagsterInstance:
 
 
 def fail_orphaned_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
-    """Runs of these datacenters left unfinished by a process that died (we hold their locks, so
-    none is alive): mark them failed, so that the dispatchers retry their work units."""
+    """Runs of these datacenters left unfinished by a `photon run` or `photon up` that died (we hold
+    their locks): mark them failed, so that the dispatchers retry their work units. A daemon's run
+    process outlives a `photon up` killed by SIGKILL; it is killed first, so it cannot write while its
+    work unit is retried."""
     unfinished = instance.get_runs(dg.RunsFilter(statuses=[*UNFINISHED, dg.DagsterRunStatus.CANCELING]))
     orphans = [run for run in unfinished if run.tags.get(TAG_DC) in datacenters]
     for run in orphans:
-        instance.report_run_failed(run, "the photon run process executing it died")
+        pid = kill_run_process(instance, run.run_id)
+        reason = f"its process (pid {pid}) outlived the photon up that launched it; killed" if pid else \
+            "the photon run or photon up process executing it died"
+        instance.report_run_failed(run, reason)
     return len(orphans)
 
 
@@ -144,19 +150,24 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def registry_log(layout: DataLayout) -> Path:
+    return layout.root / "state" / "registry.log"
+
+
 @contextmanager
 def registry_service(layout: DataLayout, log: logging.Logger):
     """Uses the registry service at PHOTON_REGISTRY_ADDRESS, or starts a local one on the data
-    directory's registry files for the duration of this `photon run` (or `photon check`) (the
-    README's commands keep working with nothing else running)."""
+    directory's registry files for the duration of this `photon run` (or `photon check`, or
+    `photon up`) (the README's commands keep working with nothing else running). Yields the local
+    service's process (None for a service at PHOTON_REGISTRY_ADDRESS), for its owner to watch."""
     if os.environ.get(ADDRESS_ENV):
-        yield os.environ[ADDRESS_ENV]
+        yield None
         return
     ready = layout.root / "state" / "registry.address"
     ready.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + REGISTRY_START_SECONDS
     with open(layout.root / "state" / "locks" / "registry.lock", "a") as owner, \
-            open(layout.root / "state" / "registry.log", "ab") as output:
+            open(registry_log(layout), "ab") as output:
         try:
             fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -191,7 +202,7 @@ def registry_service(layout: DataLayout, log: logging.Logger):
         # Runs and the summary pick the service up from here (resources/registry.py).
         os.environ[ADDRESS_ENV] = address
         try:
-            yield address
+            yield server
         finally:
             del os.environ[ADDRESS_ENV]
             server.terminate()

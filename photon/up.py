@@ -1,7 +1,8 @@
 """`photon up`: the whole deployment on a data directory, as Dagster is run in production.
 
 Components, each a process (group) of its own, each logging to `<data-dir>/state/up/<name>.log`:
-- the registry service (`photon registry serve`, as `photon run` starts it: photon/runner.py);
+- the registry service (`photon registry serve`, started as `photon run` starts it, photon/runner.py;
+  it logs to `<data-dir>/state/registry.log`);
 - a Spark Connect server with Delta (resources/spark_connect.py): the long-lived Spark every run
   uses, so a run in a process of its own connects in ~0.3 s instead of starting a JVM;
 - `dagster-daemon`, with the dispatchers running (they are stopped by default elsewhere), launching
@@ -11,9 +12,10 @@ Components, each a process (group) of its own, each logging to `<data-dir>/state
 A component that exits stops the whole deployment with a one-line error naming it and its log
 (`photon up` does not restart it: a deployment that heals silently hides a crash loop). SIGINT or
 SIGTERM stops every component, the daemon and its runs first. A run cut short is marked failed when
-`photon up` (or `photon run`) next starts on the directory, and its work unit is retried: the
-exactly-once machinery makes that safe, so stopping loses nothing. While up, a run whose process
-died (killed, out of memory) is marked failed within seconds (`fail_dead_runs`), and retried.
+`photon up` (or `photon run`) next starts on the directory, its process killed first if it outlived
+a `photon up` killed by SIGKILL, and its work unit is retried: the exactly-once machinery makes that
+safe, so stopping loses nothing. While up, a run whose process died (killed, out of memory) is marked
+failed within seconds (`fail_dead_runs`), and retried.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ import dagster as dg
 
 from photon.runner import (
     RunnerError, die_with_parent, exclusive, fail_orphaned_runs, headless_instance, prepare_environment,
-    registry_service,
+    registry_log, registry_service,
 )
+from photon.run_processes import process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC
 from resources.layout import REPO_ROOT, DataLayout
 from resources.spark import SPARK_REMOTE_ENV
@@ -120,28 +123,6 @@ def wait_for_webserver(url: str, webserver: Component) -> None:
     raise RunnerError(f"dagster-webserver did not serve within {WEBSERVER_START_SECONDS:.0f} s; see {webserver.log}")
 
 
-def run_process(instance: dg.DagsterInstance, run_id: str) -> tuple[int, float] | None:
-    """The pid a run's process logged when it began (Dagster's engine event with a `pid`), and when."""
-    events = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT).records
-    for record in events:
-        metadata = record.event_log_entry.dagster_event.engine_event_data.metadata
-        if "pid" in metadata:
-            return int(metadata["pid"].value), record.event_log_entry.timestamp
-    return None
-
-
-def process_alive_since(pid: int, since: float) -> bool:
-    """Whether process `pid` lives (not a zombie) and started by `since` (not a reused pid)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-    except (OSError, StopIteration):
-        return False
-    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    return fields[0] != "Z" and started <= since + 1.0
-
-
 def fail_dead_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> list[str]:
     """Started runs of these datacenters whose process is gone (killed: Dagster's default run
     launcher has no health check, and such a run would stay started for good) are marked failed, so
@@ -180,7 +161,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             orphans = fail_orphaned_runs(instance, datacenters)
             if orphans:
                 log.warning("marked %d run(s) cut short earlier as failed; their work units will be retried", orphans)
-            held.enter_context(registry_service(layout, log))
+            registry = held.enter_context(registry_service(layout, log))
             spark_port = free_port()
             remote = f"sc://127.0.0.1:{spark_port}"
             spark = start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment())
@@ -199,9 +180,11 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             url = f"http://127.0.0.1:{port}"
             wait_for_webserver(url, webserver)
             ready(f"photon up: {url} (data {layout.root}; logs {up_dir(layout)}); Ctrl-C stops", flush=True)
+            # The registry service is stopped last, by registry_service, after the runs that use it.
+            watched = [*components, *([Component("registry", registry, registry_log(layout))] if registry else [])]
             reaped = time.monotonic()
             while not stopping:
-                for component in components:
+                for component in watched:
                     if component.process.poll() is not None:
                         raise RunnerError(f"{component.name} exited with status {component.process.returncode}; "
                                           f"see {component.log}")

@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from photon.runner import headless_instance
-from photon.up import run_process
+from photon.run_processes import run_process, stat_fields
 from photon_assets.work_unit import UNFINISHED
 from resources.layout import REPO_ROOT, DataLayout
 from resources.spark_connect import free_port
@@ -29,11 +29,9 @@ def descendants(pid: int) -> set[int]:
     their own, so a process group would not find them)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        fields = stat_fields(int(stat.parent.name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     found, todo = set(), [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -43,8 +41,15 @@ def descendants(pid: int) -> set[int]:
 
 
 def alive(pids: set[int]) -> set[int]:
-    return {pid for pid in pids if Path(f"/proc/{pid}").exists()
-            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"}
+    return {pid for pid in pids if (stat_fields(pid) or ["Z"])[0] != "Z"}
+
+
+def wait_until_gone(pids: set[int], seconds: float) -> set[int]:
+    """The processes of `pids` still alive after up to `seconds` (the kernel reaps killed groups)."""
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
 
 
 def wait_for_output(data_dir: Path, truth: dict, up: subprocess.Popen) -> None:
@@ -141,7 +146,7 @@ def component_pid(up: subprocess.Popen, name: str) -> int:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if name in command and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(up.pid):
+        if name in command and (stat_fields(pid) or [None, None])[1] == str(up.pid):
             return pid
     raise AssertionError(f"no {name} process under photon up")
 
@@ -151,16 +156,14 @@ def killed_component_stops_up(up: subprocess.Popen, name: str, marker: str) -> N
     os.kill(component_pid(up, marker), signal.SIGKILL)
     assert up.wait(timeout=60) == 1
     assert up.stderr.read().strip().splitlines()[-1].startswith(f"photon: error: {name} exited with status ")
-    deadline = time.monotonic() + 10
-    while alive(running) and time.monotonic() < deadline:  # SIGKILLed groups: the kernel reaps them
-        time.sleep(0.2)
-    assert alive(running) == set()
+    assert wait_until_gone(running, 10) == set()
 
 
-def test_killed_runs_daemon_and_spark_connect_lose_nothing(tmp_path):
+def test_killed_runs_components_and_photon_up_lose_nothing(tmp_path):
     """kill -9 of a run's process (photon up fails it; its work unit is retried), of the Spark
-    Connect server and of dagster-daemon in the middle of runs (photon up stops with a one-line error
-    and is started again): the output is still exactly the expected clicks."""
+    Connect server, of dagster-daemon and of the registry service in the middle of runs (photon up
+    stops with a one-line error and is started again), and of photon up itself (the next photon up
+    ends what it left running): the output is still exactly the expected clicks."""
     result = photon("gen", "--data-dir", str(tmp_path), "--queries", "1000", "--seed", "17", "--datacenters", "dc1")
     assert result.returncode == 0, result.stderr
     truth = json.loads((tmp_path / "gen_summary.json").read_text())
@@ -188,6 +191,18 @@ def test_killed_runs_daemon_and_spark_connect_lose_nothing(tmp_path):
         killed_component_stops_up(up, "dagster-daemon", "dagster-daemon")
 
         up = start_up(tmp_path, env)
+        seen.add(started_run(instance, up, seen)[0])
+        killed_component_stops_up(up, "registry", "registry serve")
+
+        up = start_up(tmp_path, env)
+        run_id, _ = started_run(instance, up, seen)
+        seen.add(run_id)
+        left_behind = descendants(up.pid)
+        up.kill()
+        up.wait()
+        up = start_up(tmp_path, env)
+        assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE
+        assert wait_until_gone(left_behind, 30) == set()
         wait_for_output(tmp_path, truth, up)
     finally:
         if up.poll() is None:
