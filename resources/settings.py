@@ -22,6 +22,11 @@ class PipelineSettings(dg.ConfigurableResource):
     # 0: never.
     click_catch_up_work_unit_bytes: int = 64 << 20
     query_catch_up_work_unit_bytes: int = 128 << 20
+    # Back-pressure: a log dispatcher cuts no new work units while this many of its own are still
+    # queued or running (under `photon up`, runs wait in Dagster's run queue). What arrives meanwhile
+    # is cut once one finishes, into units of the catch-up size when it is large: a run's fixed cost
+    # is then paid per batch of data, not per sensor tick. 0: no limit.
+    dispatcher_max_in_flight: int = 1
     # Log file map (Photon §3.4.2): an entry every W seconds of event time or M bytes of log.
     log_file_map_every_seconds: int = 10
     log_file_map_every_bytes: int = 1 << 20

@@ -19,7 +19,6 @@ QUICK = (
     "tests/spark_ops/test_tables.py",
     "tests/test_definitions.py",
     "tests/test_connect_compatible.py",
-    "tests/e2e/test_spark_connect.py::test_a_bad_spark_remote_is_one_line",
     "tests/e2e/test_photon_run.py::test_a_small_workload_end_to_end",
     "tests/e2e/test_photon_run.py::test_bad_invocations_fail_with_one_line",
 )

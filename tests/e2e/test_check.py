@@ -1,6 +1,6 @@
 """`photon check` end to end, in subprocesses: every asset check through Dagster, recorded in the
-data directory's instance. One workload is generated and run once for the whole module (each
-subprocess that runs the checks pays a JVM start)."""
+data directory's instance. One workload is generated and run once for the whole module; every command
+is a client of the suite's Spark Connect server (tests/e2e/conftest.py)."""
 
 import fcntl
 import json
@@ -13,18 +13,19 @@ from deltalake import DeltaTable, write_deltalake
 from photon.runner import headless_instance
 from photon_assets.checks import ALL_CHECKS
 from resources.layout import DataLayout
+from resources.spark import SPARK_REMOTE_ENV
 from tests.e2e.test_photon_run import photon, run
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("over_spark_connect")]
 
 
 @pytest.fixture(scope="module")
-def workload(tmp_path_factory):
+def workload(tmp_path_factory, spark_connect_server):
     """A data directory after one `photon run` (not to be modified: copy it first)."""
     data_dir = tmp_path_factory.mktemp("check")
     result = photon("gen", "--data-dir", str(data_dir), "--queries", "300", "--seed", "7", "--datacenters", "dc1")
     assert result.returncode == 0, result.stderr
-    summary = run(data_dir)
+    summary = run(data_dir, env_extra={SPARK_REMOTE_ENV: spark_connect_server})
     assert all(summary["verification"].values()), summary["verification"]
     return data_dir
 

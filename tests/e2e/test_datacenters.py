@@ -1,13 +1,13 @@
 """Two datacenters sharing one registry, and the fault-injection suite of issue 5: real processes are
 killed (pipelines, the registry server), pipelines of both datacenters run at the same time, an
 output file is deleted behind the pipeline's back. After each scenario the invariants of docs/CONTRACTS.md
-hold: no duplicate, nothing lost once recovery ran (the ground truth of `photon gen` decides)."""
+hold: no duplicate, nothing lost once recovery ran (the ground truth of `photon gen` decides). Every
+`photon run` is a client of the suite's Spark Connect server (tests/e2e/conftest.py)."""
 
 import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,21 +17,16 @@ import pytest
 from deltalake import DeltaTable
 
 from resources.layout import REPO_ROOT
+from resources.spark_connect import free_port
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.faults]
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.usefixtures("over_spark_connect")]
 
 
 def generate(data_dir: Path, *extra: str) -> dict:
     result = photon("gen", "--data-dir", str(data_dir), "--queries", "1500", "--seed", "23", *extra)
     assert result.returncode == 0, result.stderr
     return json.loads((data_dir / "gen_summary.json").read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RegistryServer:
@@ -156,13 +151,25 @@ def test_registry_server_killed_and_restarted_mid_run(tmp_path):
     assert_exactly_once(tmp_path, truth)
 
 
+def delta_commits(data_dir: Path) -> int:
+    """Commits so far across every Delta table of the data directory."""
+    return sum(1 for entry in (data_dir / "warehouse").rglob("*.json") if entry.parent.name == "_delta_log")
+
+
 def test_pipeline_sigkilled_at_random_moments_then_rerun(tmp_path):
+    """Three times, `photon run` is SIGKILLed at a random point of its work: once it has made a
+    random number (2-12) of Delta commits, of any table, plus a random 0-2 s."""
     truth = generate(tmp_path)
     rng = random.Random(5)
     kills = 0
     for _ in range(3):
         pipeline = start_run(tmp_path)
-        time.sleep(rng.uniform(12, 40))
+        target = delta_commits(tmp_path) + rng.randint(2, 12)
+        deadline = time.monotonic() + 600
+        while pipeline.poll() is None and delta_commits(tmp_path) < target:
+            assert time.monotonic() < deadline, "the pipeline made no progress"
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, 2))
         if pipeline.poll() is None:
             pipeline.send_signal(signal.SIGKILL)
             kills += 1

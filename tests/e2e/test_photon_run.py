@@ -67,12 +67,16 @@ def late_workload(tmp_path_factory):
     return data_dir, gen(data_dir, "--withhold-late")
 
 
-def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark):
+def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark, over_spark_connect):
+    """Over Spark Connect, as under `photon up` (the quick tier's end-to-end run is on a local session).
+    A cache tier of 20 s of event time: evictions run, and late queries are found in the raw logs
+    through the log file map too (mapInArrow in the server's Python workers)."""
     data_dir, truth = late_workload
     assert truth["withheld_late_query_events"] > 0 and truth["duplicate_click_lines"] > 0
+    settings = {"PHOTON_SETTINGS": json.dumps({"query_cache_retention_seconds": 20, "query_cache_vacuum_retain_hours": 0})}
 
     # 1. Late queries withheld: their clicks stay pending; everything else is joined exactly once.
-    first = run(data_dir, "--datacenters", "dc1")
+    first = run(data_dir, "--datacenters", "dc1", env_extra=settings)
     assert_matches_ground_truth(first, truth)
     assert first["clicks_pending"] == len(truth["late_click_ids"]) + truth["orphan_clicks"]
     assert {"clicks_seen", "distinct_clicks", "clicks_joined", "clicks_pending", "clicks_unjoinable",
@@ -80,21 +84,25 @@ def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark):
 
     # 2. The late query logs arrive: the pending clicks are retried and joined.
     truth = gen(data_dir, "--only-late")
-    second = run(data_dir, "--datacenters", "dc1")
+    second = run(data_dir, "--datacenters", "dc1", env_extra=settings)
     assert_matches_ground_truth(second, truth)
     assert second["clicks_pending"] == truth["orphan_clicks"]
     assert second["runs"] >= 2  # the late query work unit and the pending retry
+    assert second["event_store"]["logs_hits"] > 0, second["event_store"]
+    # A Connect client has no status tracker: jobs are not counted, commits and phases are.
+    click_cost = second["run_cost"]["click"]
+    assert click_cost["spark_jobs"] is None and click_cost["delta_commits"] > 0 and click_cost["phase_seconds"]
 
     joined_path = str(data_dir / "warehouse" / "joined_clicks")
     version = DeltaTable(joined_path).version()
 
     # 3. Again: nothing new, nothing added, not even a table version.
-    third = run(data_dir, "--datacenters", "dc1")
+    third = run(data_dir, "--datacenters", "dc1", env_extra=settings)
     assert third["runs"] == 0 and third["clicks_joined"] == second["clicks_joined"]
     assert DeltaTable(joined_path).version() == version
 
     # 4. The second replica, same bytes: every click is already registered, nothing is added.
-    replica = run(data_dir, "--datacenters", "dc2")
+    replica = run(data_dir, "--datacenters", "dc2", env_extra=settings)
     assert replica["clicks_joined"] == second["clicks_joined"]
     assert all(replica["verification"].values())
 
@@ -112,6 +120,11 @@ def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark):
     assert quarantine.num_rows == 2 * truth["bad_lines"]  # both replicas' pipelines read them
     assert all(quarantine.column("reason").to_pylist())
 
+    # Every asset check passes, over Connect too.
+    checked = photon("check", "--data-dir", str(data_dir), "--json")
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert json.loads(checked.stdout.strip().splitlines()[-1])["passed"] is True
+
 
 @pytest.mark.parametrize(
     "args, message",
@@ -120,6 +133,8 @@ def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark):
         (["run", "--data-dir", "."], "the following arguments are required: --until-idle"),
         (["run", "--data-dir", ".", "--until-idle", "--timeout-seconds", "soon"], "invalid float value"),
         (["gen", "--data-dir", "/tmp/x", "--queries", "-5"], "queries"),
+        (["run", "--data-dir", ".", "--until-idle", "--spark-remote", "localhost:15002"],
+         "--spark-remote 'localhost:15002' is not a Spark Connect address (sc://HOST:PORT)"),
     ],
 )
 def test_bad_invocations_fail_with_one_line(args, message):

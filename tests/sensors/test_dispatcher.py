@@ -96,6 +96,29 @@ def test_query_dispatcher_targets_the_ingest_job(tmp_path, instance):
     assert request.tags[TAG_STREAM] == "query"
 
 
+def test_back_pressure_cuts_nothing_while_the_dispatchers_own_run_is_unfinished(tmp_path, instance):
+    """Under the daemon, runs wait in a queue: while one of its own is queued or running, a
+    dispatcher cuts nothing, and what arrived meanwhile is cut afterwards as one catch-up unit."""
+    writer_dir = tmp_path / "logs" / "dc1" / "query" / "w"
+    write_lines(writer_dir / "0.jsonl", [query(f"10.0.0.2:2:{i}", i) for i in range(3)])
+    sensor = log_dispatcher("dc1", "query", str(tmp_path))
+    sizes = {"query_work_unit_bytes": 600, "query_catch_up_work_unit_bytes": 1 << 20}
+    first = evaluate(sensor, instance, **sizes)
+    [request] = first.run_requests
+    create_run_for_test(instance, job_name=INGEST_QUERIES_JOB, status=dg.DagsterRunStatus.STARTED, tags=request.tags)
+    write_lines(writer_dir / "1.jsonl", [query(f"10.0.0.2:2:{i}", i) for i in range(3, 30)])
+
+    held = evaluate(sensor, instance, cursor=first.cursor, **sizes)
+    assert held.run_requests == []
+    assert held.skip_reason.skip_message == ("back-pressure: 1 work unit(s) of logs/dc1/query/ queued or running; "
+                                "new lines are cut when one finishes")
+    # A run of another stream, or no limit: the new lines are cut, as one catch-up unit.
+    assert evaluate(log_dispatcher("dc1", "click", str(tmp_path)), instance).skip_reason.skip_message.startswith("no new")
+    [caught_up] = evaluate(sensor, instance, cursor=held.cursor, dispatcher_max_in_flight=0, **sizes).run_requests
+    [unit] = [caught_up.run_config["ops"]["ingest_query_logs"]["config"]["ranges"]]
+    assert [(r["file"], r["start"], r["end"]) for r in unit] == [("w/1.jsonl", 0, (writer_dir / "1.jsonl").stat().st_size)]
+
+
 def failed_run(instance, unit: str, attempt: int, stream: str = "click"):
     config = {"ops": {"join_clicks": {"config": {"dc": "dc1", "work_unit": unit, "attempt": attempt, "ranges": []}}}}
     return create_run_for_test(
