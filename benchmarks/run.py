@@ -247,6 +247,8 @@ def daemon_runs(data_dir: Path) -> list[dict]:
                 "queued_seconds": metadata["queued_seconds"],
                 "launch_to_spark_seconds": metadata["launch_to_spark_seconds"],
                 "pass_seconds": round(sum(v for k, v in metadata.items() if k.startswith("phase_")), 2),
+                "phases": {k: v for k, v in metadata.items() if k.startswith(("phase_", "join_")) and k.endswith("_seconds")},
+                "delta_commits": metadata.get("delta_commits"),
             })
     return out
 
