@@ -4,6 +4,7 @@ so it is read from /proc, with the process's start time so that a reused pid is 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -32,14 +33,18 @@ def run_process(instance: dg.DagsterInstance, run_id: str) -> tuple[int, float] 
     return None
 
 
+@functools.cache
+def boot_time() -> float:
+    return next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+
+
 def process_alive_since(pid: int, since: float) -> bool:
     """Whether process `pid` lives (not a zombie) and started by `since` (not a reused pid)."""
     fields = stat_fields(pid)
     if fields is None or fields[0] == "Z":
         return False
-    boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                if line.startswith("btime "))
-    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    started = boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     return started <= since + 1.0
 
 

@@ -4,7 +4,6 @@ service themselves; the output is exactly once."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,8 +14,9 @@ import pytest
 from pyspark.find_spark_home import _find_spark_home
 
 from resources.layout import REPO_ROOT
-from resources.spark_connect import free_port, wait_until_serving
-from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
+from resources.spark_connect import free_port
+from tests.e2e.conftest import start_spark_connect, stop_groups
+from tests.e2e.test_photon_run import assert_matches_ground_truth, photon, run
 
 pytestmark = pytest.mark.e2e
 SPARK_CLASS = str(Path(_find_spark_home()) / "bin" / "spark-class")
@@ -56,22 +56,12 @@ def cluster(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "the standalone cluster did not come up"
             time.sleep(1)
-        connect_port = free_port()
-        server = spawn([*PHOTON, "spark-connect", "--port", str(connect_port), "--master", f"spark://127.0.0.1:{port}",
-                        "--driver-memory", "2g"], root / "spark-connect.log")
+        server, remote = start_spark_connect(root / "spark-connect.log", "--master", f"spark://127.0.0.1:{port}",
+                                             "--driver-memory", "2g")
         processes.append(server)
-        remote = f"sc://127.0.0.1:{connect_port}"
-        wait_until_serving(remote, server)
         yield remote, root, web_port
     finally:
-        for process in reversed(processes):
-            os.killpg(process.pid, signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_groups(list(reversed(processes)))
 
 
 def test_the_pipeline_on_a_standalone_cluster_joins_exactly_once(cluster, tmp_path):
