@@ -62,7 +62,7 @@ def _load(raw: bytes, max_line_bytes: int) -> dict:
         raise BadLine(f"line of {len(raw)} bytes exceeds the limit of {max_line_bytes}")
     try:
         obj = _DECODE(raw)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # the last: bad UTF-8 in a string
         obj = _load_with_json(raw)
     if type(obj) is not dict:
         raise BadLine("JSON is not an object")

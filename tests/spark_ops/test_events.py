@@ -32,6 +32,7 @@ def test_valid_query_splits_its_id():
         (b"[1, 2]", "JSON is not an object"),
         (b"", "empty line"),
         (b"\xff\xfe", "not UTF-8"),
+        (b'{"click_id":"\xff"}', "not UTF-8"),  # inside a string, msgspec raises another error
         (raw({k: v for k, v in click("1.1.1.1:1:1", "1.1.1.1:2:1", 1).items() if k != "ad_id"}), "missing field ad_id"),
         (raw(click("1.1.1.1:1:1", "1.1.1.1:2:1", "abc")), "field timestamp_us is not an integer"),
         (raw(click("1.1.1.1:1:1", "1.1.1.1:2:1", 1, cost=1.5)), "field cost_micros is not an integer"),
