@@ -108,7 +108,8 @@ _DEVICES = ("desktop", "mobile", "tablet")
 _USER_AGENT_CLASSES = ("desktop_browser", "mobile_browser", "mobile_app")
 
 # Bad line i is generated from template i % len(_BAD_LINE_TEMPLATES); the
-# first five cover every kind in both streams, the over-long one included.
+# first five cover every kind in both streams, the over-long one included, and
+# twelve add a byte that is not UTF-8 inside a string.
 _BAD_LINE_TEMPLATES = (
     ("click", "not_json"),
     ("query", "not_object"),
@@ -120,7 +121,12 @@ _BAD_LINE_TEMPLATES = (
     ("query", "missing_field"),
     ("click", "mistyped"),
     ("click", "overlong"),
+    ("query", "bad_utf8"),
+    ("click", "bad_utf8"),
 )
+
+# Written as the byte 0xff, which no UTF-8 text holds (Writer.append).
+_NOT_UTF8 = "\udcff"
 
 # Kinds of clicks, and actions in the simulation's event queue.
 _JOINABLE, _LATE, _ORPHAN = range(3)
@@ -399,7 +405,7 @@ class _Writer:
     def append(self, line: str, complete: bool = True) -> None:
         if self._size >= self._rotate_bytes and not self._mid_line:
             self._next_file()
-        data = line.encode()
+        data = line.encode("utf-8", "surrogateescape")  # _NOT_UTF8 becomes its byte
         self._size += len(data)
         self._mid_line = not complete
         if self._dirs:
@@ -677,6 +683,8 @@ class _Simulation:
                 event["timestamp_us"] = "abc"
             elif kind == "overlong":
                 event["query_text"] = oversize
+            elif kind == "bad_utf8":
+                event["query_text"] += _NOT_UTF8
         else:
             writer = self.click_writers[int(rng.random() * len(self.click_writers))]
             cts = writer.mint(ts)
@@ -690,6 +698,8 @@ class _Simulation:
                 event["cost_micros"] = 1.5
             elif kind == "overlong":
                 event["user_agent_class"] = oversize
+            elif kind == "bad_utf8":
+                event["ad_id"] += _NOT_UTF8
         text = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
         if kind == "not_json":
             text = text[: len(text) // 2] + "<<garbage"  # a corrupted, cut-off record

@@ -47,8 +47,10 @@ def assert_matches_ground_truth(summary: dict, truth: dict):
 
 
 def test_a_small_workload_end_to_end_reports_what_each_run_cost(tmp_path):
-    """The quick tier's end-to-end run: one datacenter, bad and duplicate lines, one photon run."""
-    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "300", "--seed", "5", "--datacenters", "dc1")
+    """The quick tier's end-to-end run: one datacenter, every kind of bad line, duplicate lines, one
+    photon run."""
+    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "300", "--seed", "5", "--datacenters", "dc1",
+                    "--bad-lines", "12")
     assert result.returncode == 0, result.stderr
     truth = json.loads((tmp_path / "gen_summary.json").read_text())
     summary = run(tmp_path)
