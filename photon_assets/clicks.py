@@ -8,6 +8,7 @@ import dagster as dg
 from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
+from photon_assets.table_metadata import column_schema, table_uri
 from photon_assets.work_unit import PENDING, TAG_DC, WorkUnitConfig, run_start_costs
 from resources import faults
 from resources.registry import IdRegistryResource
@@ -58,12 +59,14 @@ def event_store(
     specs=[
         dg.AssetSpec(
             "click_ledger",
+            metadata=column_schema("click_ledger"),
             description="Every valid click line read by each datacenter's pipeline (Delta).",
             kinds={"delta", "spark"},
             group_name="joiner",
         ),
         dg.AssetSpec(
             "joined_clicks",
+            metadata=column_schema("joined_clicks"),
             deps=["query_logs"],
             description="One row per joined click, never two for one click_id (Delta).",
             kinds={"delta", "spark"},
@@ -71,6 +74,7 @@ def event_store(
         ),
         dg.AssetSpec(
             "unjoinable_clicks",
+            metadata=column_schema("unjoinable_clicks"),
             description="Clicks resolved without a join, with the reason (Delta).",
             kinds={"delta", "spark"},
             group_name="joiner",
@@ -102,6 +106,7 @@ def join_clicks(
     yield dg.MaterializeResult(
         asset_key="click_ledger",
         metadata={
+            **table_uri(tables, "click_ledger"),
             **common,
             "dagster/row_count": ledger_rows,
             "click_lines": ingest.events,
@@ -113,6 +118,7 @@ def join_clicks(
     yield dg.MaterializeResult(
         asset_key="joined_clicks",
         metadata={
+            **table_uri(tables, "joined_clicks"),
             **common,
             "dagster/row_count": joined_rows,
             **{f"clicks_{k}": v for k, v in stats.counts().items() if not k.startswith(("cache_", "logs_", "not_"))},
@@ -131,6 +137,7 @@ def join_clicks(
     yield dg.MaterializeResult(
         asset_key="unjoinable_clicks",
         metadata={
+            **table_uri(tables, "unjoinable_clicks"),
             **common,
             "dagster/row_count": unjoinable_rows,
             "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old,
@@ -205,6 +212,7 @@ def join_pass(
 
 @dg.asset(
     deps=["joined_clicks"],
+    metadata=column_schema("click_aggregates"),
     description="Per advertiser_id and event-time minute: clicks and cost, recomputed from "
     "joined_clicks so that it is exactly the aggregation of it (Delta).",
     kinds={"delta", "spark"},
@@ -234,6 +242,7 @@ def click_aggregates(
         meter.phase("row_counts")
         cost = {**meter.metadata(), **jobs()}
     return dg.MaterializeResult(
-        metadata={"dagster/row_count": rows, "joined_clicks_version": version, "refreshed": refreshed,
+        metadata={"dagster/row_count": rows, **table_uri(tables, "click_aggregates"), "joined_clicks_version": version,
+                  "refreshed": refreshed,
                   **({"dc": context.run.tags[TAG_DC]} if TAG_DC in context.run.tags else {}), **cost}
     )

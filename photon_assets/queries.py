@@ -6,6 +6,7 @@ import time
 import dagster as dg
 from pyspark import StorageLevel
 
+from photon_assets.table_metadata import column_schema, table_uri
 from photon_assets.work_unit import WorkUnitConfig, run_start_costs
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
@@ -30,12 +31,14 @@ def cache_boundary_us(progress_ts: int | None, retention_seconds: float) -> int 
     specs=[
         dg.AssetSpec(
             "query_logs",
+            metadata=column_schema("query_logs"),
             description="Parsed query events of each datacenter's replica (Delta, partitioned by dc).",
             kinds={"delta", "spark"},
             group_name="event_store",
         ),
         dg.AssetSpec(
             "log_file_map",
+            metadata=column_schema("log_file_map"),
             description="Sparse index (server_ip, process_id, timestamp_us) -> (file, offset) into the "
             "raw query logs, an entry every W seconds or M bytes (Delta).",
             kinds={"delta", "spark"},
@@ -75,6 +78,7 @@ def ingest_query_logs(
     yield dg.MaterializeResult(
         asset_key="query_logs",
         metadata={
+            **table_uri(tables, "query_logs"),
             **common,
             "dagster/row_count": cached_rows,
             "queries_added": stats.events,
@@ -88,6 +92,7 @@ def ingest_query_logs(
     yield dg.MaterializeResult(
         asset_key="log_file_map",
         metadata={
+            **table_uri(tables, "log_file_map"),
             **common,
             "dagster/row_count": map_rows,
             "entries_added": entries_added,

@@ -2,6 +2,7 @@
 instance knows of work units from their runs' tags: which are in flight, which failed for good."""
 
 
+import datetime
 import time
 
 import dagster as dg
@@ -108,6 +109,16 @@ def work_units_in_flight(instance: dg.DagsterInstance) -> set[str]:
         if TAG_WORK_UNIT in run.tags
     }
     return running | work_units_awaiting_retry(instance)
+
+
+def work_units_finished_since(instance: dg.DagsterInstance, since: float) -> set[str]:
+    """Work units with a run that finished (or changed status) after `since` (epoch seconds)."""
+    after = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
+    return {
+        record.dagster_run.tags[TAG_WORK_UNIT]
+        for record in instance.get_run_records(dg.RunsFilter(updated_after=after))
+        if TAG_WORK_UNIT in record.dagster_run.tags
+    }
 
 
 def run_start_costs(context: dg.AssetExecutionContext) -> dict[str, float]:

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 from resources.layout import REPO_ROOT
+from spark_ops.tables import TABLE_SCHEMAS
 from tests.conftest import query, write_lines
 
 
@@ -23,6 +24,10 @@ def test_definitions_load_with_sensors_per_datacenter(tmp_path, monkeypatch):
     assert {str(key.to_user_string()) for key in repo.asset_graph.get_all_asset_keys()} == {
         "query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates"}
     assert len(repo.asset_graph.asset_check_keys) == 4
+    # Each asset shows its Delta table's columns in the UI before anything is materialized.
+    for key in repo.asset_graph.get_all_asset_keys():
+        schema = repo.asset_graph.get(key).metadata["dagster/column_schema"]
+        assert [c.name for c in schema.columns] == TABLE_SCHEMAS[key.to_user_string()][0].fieldNames()
 
 
 def test_workspace_validates(tmp_path):

@@ -3,11 +3,11 @@
 import dagster as dg
 import pytest
 
-from photon_assets.checks import ALL_CHECKS
+from photon_assets.checks import ALL_CHECKS, aggregates_match_joined_clicks
 from photon_assets.clicks import click_aggregates, join_clicks
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
-from photon_assets.work_unit import PENDING
+from photon_assets.work_unit import PENDING, TAG_WORK_UNIT
 from resources.registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
@@ -61,6 +61,7 @@ def test_pipeline_through_assets_and_checks(data_dir):
         assert joined.success
         assert metadata(joined, "joined_clicks")["clicks_pending"] == 2
         assert metadata(joined, "click_ledger")["quarantined_lines"] == 1
+        assert metadata(joined, "joined_clicks")["dagster/uri"] == (data_dir / "warehouse" / "joined_clicks").resolve().as_uri()
         # What the pass cost: Spark jobs, Delta commits (ledger, quarantine, pending) and phases.
         cost = metadata(joined, "joined_clicks")
         assert cost["spark_jobs"] > 0 and cost["phase_parse_and_ledger_seconds"] > 0
@@ -112,6 +113,54 @@ def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(dat
         # has not logged up to its query) and stays pending without a lookup.
         assert (second["clicks_clicks"], second["clicks_joined"], second["clicks_pending"]) == (2, 2, 0)
         assert second["pending_clicks_in_dc"] == 1 and second["dagster/row_count"] == 2
+
+
+@dg.op
+def placeholder_op():
+    pass
+
+
+@dg.job
+def placeholder_job():
+    placeholder_op()
+
+
+def test_the_aggregates_check_leaves_out_only_the_keys_of_work_units_in_flight(data_dir):
+    """A click run writes joined_clicks, then refreshes its aggregates: between the two, the
+    aggregates check must not fail, and once that run is over without a refresh, it must."""
+    logs = data_dir / "logs" / "dc1"
+    queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:2", 6)])
+    click_file = logs / "click" / "w" / "0.jsonl"
+    write_lines(click_file, [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10)])
+    first_end = click_file.stat().st_size
+    write_lines(click_file, [click("10.3.0.1:1:2", "10.1.0.1:1:2", 20, advertiser="adv2")])
+    joins = dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks")
+
+    def aggregates_check() -> dict:
+        checked = materialize(data_dir, instance, dg.AssetSelection.checks(aggregates_match_joined_clicks))
+        [evaluation] = checked.get_asset_check_evaluations()
+        return {"passed": evaluation.passed, **{k: v.value for k, v in evaluation.metadata.items()}}
+
+    with dg.instance_for_test() as instance:
+        assert materialize(data_dir, instance, dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
+                           unit("ingest_query_logs", "dc1.query.00000000", queries)).success
+        first = unit("join_clicks", "dc1.click.00000000", click_file)
+        first["ops"]["join_clicks"]["config"]["ranges"][0]["end"] = first_end
+        assert materialize(data_dir, instance, (joins | dg.AssetSelection.assets("click_aggregates")).without_checks(),
+                           first).success
+        # The second unit's click is joined, its aggregates are not refreshed (yet).
+        second = unit("join_clicks", "dc1.click.00000001", click_file)
+        second["ops"]["join_clicks"]["config"]["ranges"][0]["start"] = first_end
+        assert materialize(data_dir, instance, joins.without_checks(), second).success
+
+        # Its run over, the missing refresh is a failure.
+        stale = aggregates_check()
+        assert (stale["passed"], stale["mismatched_keys"], stale["keys_in_flight"]) == (False, 1, 0)
+        # A run of that unit still to come (a retry queued): its key is left out, the others checked.
+        instance.create_run_for_job(placeholder_job, tags={TAG_WORK_UNIT: "dc1.click.00000001"})
+        in_flight = aggregates_check()
+        assert (in_flight["passed"], in_flight["mismatched_keys"], in_flight["keys_in_flight"]) == (True, 0, 1)
+        assert in_flight["dagster/row_count"] == 1 and in_flight["work_units_in_flight"] == 1
 
 
 def test_query_runs_scan_the_cache_for_eviction_only_once_the_boundary_passes_its_oldest_query(data_dir):
