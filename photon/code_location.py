@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from photon_assets.checks import ALL_CHECKS
+from photon_assets.checks import ALL_CHECKS, joined_clicks_freshness
 from photon_assets.clicks import click_aggregates, join_clicks
 from photon_assets.jobs import ingest_queries_job, join_clicks_job, verify_job
 from photon_assets.queries import ingest_query_logs
@@ -23,6 +23,7 @@ from resources.settings import pipeline_settings
 from resources.spark import spark_resource_from_env
 from resources.storage import WarehouseResource
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
+from sensors.freshness import freshness_sensor
 
 
 def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg.Definitions:
@@ -30,14 +31,19 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
     PHOTON_DATACENTERS, else every replica directory under the data directory's logs/)."""
     if datacenters is None:
         datacenters = DataLayout(Path(data_dir).resolve()).datacenters()
+    freshness = joined_clicks_freshness(pipeline_settings().joined_clicks_fresh_within_seconds)
     return dg.Definitions(
         assets=[ingest_query_logs, join_clicks, click_aggregates],
-        asset_checks=ALL_CHECKS,
+        asset_checks=[*ALL_CHECKS, *freshness],
         jobs=[ingest_queries_job, join_clicks_job, verify_job, recover_lost_clicks_job],
         sensors=[
-            sensor
-            for dc in datacenters
-            for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir), pending_dispatcher(dc, data_dir))
+            *[
+                sensor
+                for dc in datacenters
+                for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir),
+                               pending_dispatcher(dc, data_dir))
+            ],
+            freshness_sensor(freshness),
         ],
         resources={
             "spark": spark_resource_from_env(),

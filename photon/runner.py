@@ -35,6 +35,7 @@ from resources.registry import ADDRESS_ENV
 from resources.spark import spark_session
 from resources.settings import pipeline_settings
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
+from sensors.freshness import FRESHNESS_SENSOR
 from photon_assets.jobs import VERIFY_JOB
 from photon_assets.work_unit import PENDING, TAG_DC, UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
 from spark_ops.tables import tables_locked
@@ -128,10 +129,11 @@ def workspace(instance: dg.DagsterInstance):
 
 
 def loaded_sensors(context) -> list:
+    """The dispatchers of the code location (not the freshness sensor: sensors/freshness.py)."""
     sensors, errors = remote_sensors(context)
     if errors:
         raise RunnerError(f"definitions failed to load: {errors[0]}")
-    return sensors
+    return [sensor for sensor in sensors if sensor.name != FRESHNESS_SENSOR]
 
 
 REGISTRY_START_SECONDS = 60.0

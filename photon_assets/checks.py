@@ -6,8 +6,10 @@ legitimately not be there yet.
 """
 
 
+import datetime
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import reduce
@@ -184,6 +186,22 @@ def aggregates_match_joined_clicks(
             "work_units_in_flight": len(in_flight),
         },
     )
+
+
+def joined_clicks_freshness(fresh_within_seconds: float) -> list[dg.AssetChecksDefinition]:
+    """Fails when joined_clicks has not been materialized for `fresh_within_seconds`: under live
+    logs every click pass materializes it. It judges the pipeline's liveness, not the tables'
+    content, so it is not among ALL_CHECKS (`verify`, `photon check`): a data directory processed
+    yesterday is correct, not stale. Its sensor (sensors/freshness.py) runs it under the daemon.
+
+    Dagster 1.13 prefers FreshnessPolicy, still in preview: evaluated only by a daemon with
+    `freshness: enabled` set, it cannot run in `materialize` or a test; a check can."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.SupersessionWarning)
+        return list(dg.build_last_update_freshness_checks(
+            assets=["joined_clicks"], lower_bound_delta=datetime.timedelta(seconds=fresh_within_seconds),
+            severity=dg.AssetCheckSeverity.ERROR,
+        ))
 
 
 ALL_CHECKS = [joined_clicks_unique, clicks_accounted_for, registry_matches_output, aggregates_match_joined_clicks]

@@ -27,6 +27,9 @@ class PipelineSettings(dg.ConfigurableResource):
     # is cut once one finishes, into units of the catch-up size when it is large: a run's fixed cost
     # is then paid per batch of data, not per sensor tick. 0: no limit.
     dispatcher_max_in_flight: int = 1
+    # Freshness (photon_assets/checks.py: joined_clicks_freshness): under live logs every click pass
+    # materializes joined_clicks; none for this long means the pipeline stopped joining.
+    joined_clicks_fresh_within_seconds: float = 600.0
     # Log file map (Photon §3.4.2): an entry every W seconds of event time or M bytes of log.
     log_file_map_every_seconds: int = 10
     log_file_map_every_bytes: int = 1 << 20

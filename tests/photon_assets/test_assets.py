@@ -3,7 +3,7 @@
 import dagster as dg
 import pytest
 
-from photon_assets.checks import ALL_CHECKS, aggregates_match_joined_clicks
+from photon_assets.checks import ALL_CHECKS, aggregates_match_joined_clicks, joined_clicks_freshness
 from photon_assets.clicks import click_aggregates, join_clicks
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
@@ -88,6 +88,13 @@ def test_pipeline_through_assets_and_checks(data_dir):
         assert all(e.passed for e in evaluations.values()), evaluations
         counts = {k: v.value for k, v in evaluations["clicks_accounted_for"].metadata.items()}
         assert counts["distinct_clicks"] == 2 and counts["joined"] == 2 and counts["pending"] == 0
+
+        # Freshness: joined_clicks was just materialized; with a bound shorter than that, stale.
+        for within, fresh in ((600.0, True), (0.001, False)):
+            checks = joined_clicks_freshness(within)
+            [evaluation] = dg.materialize([*ASSETS, *checks], selection=dg.AssetSelection.checks(*checks),
+                                          resources=resources(data_dir), instance=instance).get_asset_check_evaluations()
+            assert evaluation.passed == fresh, (within, evaluation.metadata)
 
 
 def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(data_dir):
