@@ -111,6 +111,13 @@ def work_units_in_flight(instance: dg.DagsterInstance) -> set[str]:
     return running | work_units_awaiting_retry(instance)
 
 
+def log_runs_in_flight(instance: dg.DagsterInstance, dc: str, stream: str) -> int:
+    """Runs of one datacenter's log work units of a stream (retries included), queued or running:
+    the dispatcher's back-pressure."""
+    tags = {TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: LOG_RANGES}
+    return instance.get_runs_count(dg.RunsFilter(statuses=list(UNFINISHED), tags=tags))
+
+
 def work_units_finished_since(instance: dg.DagsterInstance, since: float) -> set[str]:
     """Work units with a run that finished (or changed status) after `since` (epoch seconds)."""
     after = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)

@@ -27,7 +27,7 @@ from photon_assets.work_unit import (
     TAG_KIND,
     TAG_STREAM,
     TAG_WORK_UNIT,
-    UNFINISHED,
+    log_runs_in_flight,
     work_units_failed_for_good,
     work_units_in_flight,
 )
@@ -188,7 +188,7 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         log = WorkUnitLog.load(layout.dispatcher_state / dc / f"{stream}.jsonl")
         stream_dir = layout.stream_dir(dc, stream)
         observations, hold_reason = [], ""
-        in_flight = own_runs_in_flight(context.instance, dc, stream)
+        in_flight = log_runs_in_flight(context.instance, dc, stream)
         backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
         ranges = [] if backed_up else new_ranges(stream_dir, log.next_offsets())
         if backed_up:
@@ -228,13 +228,6 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         )
 
     return _dispatcher
-
-
-def own_runs_in_flight(instance: dg.DagsterInstance, dc: str, stream: str) -> int:
-    """Runs of this dispatcher's work units (log ranges of one datacenter's stream, retries included)
-    queued or running."""
-    tags = {TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: LOG_RANGES}
-    return instance.get_runs_count(dg.RunsFilter(statuses=list(UNFINISHED), tags=tags))
 
 
 def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None) -> dg.AssetObservation:
