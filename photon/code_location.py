@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from photon_assets import bookkeeping
 from photon_assets.checks import ALL_CHECKS, joined_clicks_freshness
 from photon_assets.clicks import click_aggregates, join_clicks
 from photon_assets.jobs import ingest_queries_job, join_clicks_job, verify_job
@@ -33,7 +34,7 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
         datacenters = DataLayout(Path(data_dir).resolve()).datacenters()
     freshness = joined_clicks_freshness(pipeline_settings().joined_clicks_fresh_within_seconds)
     return dg.Definitions(
-        assets=[ingest_query_logs, join_clicks, click_aggregates],
+        assets=[ingest_query_logs, join_clicks, click_aggregates, *bookkeeping.SPECS],
         asset_checks=[*ALL_CHECKS, *freshness],
         jobs=[ingest_queries_job, join_clicks_job, verify_job, recover_lost_clicks_job],
         sensors=[

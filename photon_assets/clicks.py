@@ -8,6 +8,7 @@ import dagster as dg
 from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
+from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
 from photon_assets.table_metadata import column_schema, table_uri
 from photon_assets.work_unit import PENDING, TAG_DC, WorkUnitConfig, run_start_costs
 from resources import faults
@@ -101,6 +102,8 @@ def join_clicks(
         ledger_rows = row_count(session, "click_ledger", tables["click_ledger"])
         joined_rows = row_count(session, "joined_clicks", tables["joined_clicks"])
         unjoinable_rows = row_count(session, "unjoinable_clicks", tables["unjoinable_clicks"])
+        pending_rows = row_count(session, "pending_clicks", tables["pending_clicks"])
+        quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if ingest.quarantined else 0
         meter.phase("row_counts")
         cost = {**meter.metadata(), **jobs(), **start_costs}
     yield dg.MaterializeResult(
@@ -134,6 +137,9 @@ def join_clicks(
             **cost,
         },
     )
+    context.log_event(pending_clicks_changed(tables, pending_rows, common, digest.pending))
+    if ingest.quarantined:
+        context.log_event(lines_quarantined(tables, quarantine_rows, common, "click", ingest.quarantined))
     yield dg.MaterializeResult(
         asset_key="unjoinable_clicks",
         metadata={

@@ -6,6 +6,7 @@ import time
 import dagster as dg
 from pyspark import StorageLevel
 
+from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri
 from photon_assets.work_unit import WorkUnitConfig, run_start_costs
 from resources.settings import PipelineSettings
@@ -65,6 +66,7 @@ def ingest_query_logs(
         meter.phase("evict")
         cached_rows = row_count(session, "query_logs", tables["query_logs"])
         map_rows = row_count(session, "log_file_map", tables["log_file_map"])
+        quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if stats.quarantined else 0
         meter.phase("row_counts")
         cost = {**meter.metadata(), **jobs(), **start_costs}
     lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
@@ -89,6 +91,8 @@ def ingest_query_logs(
             **cost,
         },
     )
+    if stats.quarantined:
+        context.log_event(lines_quarantined(tables, quarantine_rows, common, "query", stats.quarantined))
     yield dg.MaterializeResult(
         asset_key="log_file_map",
         metadata={

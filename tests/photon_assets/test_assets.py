@@ -61,6 +61,10 @@ def test_pipeline_through_assets_and_checks(data_dir):
         assert joined.success
         assert metadata(joined, "joined_clicks")["clicks_pending"] == 2
         assert metadata(joined, "click_ledger")["quarantined_lines"] == 1
+        # Pending clicks and quarantined lines, external assets, get a materialization per change.
+        for asset, rows in (("pending_clicks", 2), ("quarantined_lines", 1)):
+            [event] = instance.fetch_materializations(dg.AssetKey(asset), limit=1).records
+            assert event.asset_materialization.metadata["dagster/row_count"].value == rows, asset
         assert metadata(joined, "joined_clicks")["dagster/uri"] == (data_dir / "warehouse" / "joined_clicks").resolve().as_uri()
         # What the pass cost: Spark jobs, Delta commits (ledger, quarantine, pending) and phases.
         cost = metadata(joined, "joined_clicks")
