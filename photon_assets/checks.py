@@ -163,6 +163,7 @@ def aggregates_match_joined_clicks(
     # joined rows newer than them) had its run unfinished when they were taken, so it is unfinished
     # now or finished since the check started.
     in_flight = sorted(work_units_in_flight(context.instance) | work_units_finished_since(context.instance, started))
+    # Their keys from the newest rows: such a unit may have written joined_clicks after `joined`.
     _, newest = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
     keys = ["advertiser_id", "minute"]
     unsettled = aggregate_clicks(newest.where(F.col("work_unit").isin(in_flight))).select(*keys)
