@@ -1,14 +1,21 @@
-"""Two datacenters, one registry (issue 5): wasted joins and catch-up after an outage.
+"""Two datacenters, one registry: wasted joins, failover, and catch-up after an outage.
 
 1. Both at once: the default two-datacenter workload (`photon gen --datacenters dc1,dc2`), one
    registry server, and one `photon run` per datacenter started together, as two datacenters'
    pipelines would be. Reported per datacenter: clicks looked up, skipped at the dispatcher lookup
-   (registered by the other), joined, and wasted joins (joined, then refused by the registry);
-   the wasted share is Photon's "events processed by both joiners" (under 5% in the paper).
-2. Outage and catch-up (Photon Figure 13): the same workload with replication to dc2 stopped
+   (registered by the other), joined, wasted joins (joined, then refused by the registry) and its
+   share of the joins; `wasted_join_share` is Photon's "events processed by both joiners" (under
+   5 % in the paper; sensors/ownership.py keeps it near 0).
+2. Failover: live logs (`photon gen --follow`, files rotated every 32 KiB so both datacenters
+   always have a share), both datacenters tailing them; dc2's `photon run` is SIGKILLed a while
+   after it finished its first work unit. dc1 takes over dc2's share when dc2's lease lapses.
+   `takeover_seconds`: from the kill to the end of dc1's first work unit on a file of dc2's
+   share. Then dc2 comes back (its killed runs are retried) and the output is checked against the
+   generator's ground truth: every joinable click once.
+3. Outage and catch-up (Photon Figure 13): the same workload with replication to dc2 stopped
    (`--replication-lag dc2=inf`); dc1 processes the whole backlog alone; replication resumes
-   (`photon replicate --to dc2`) and dc2 catches up through the same backlog, mostly skipping ids
-   dc1 registered. Reported: dc2's catch-up time over the time dc1 took for the backlog.
+   (`photon replicate --to dc2`) and dc2 catches up through the same backlog, skipping the ranges
+   dc1 finished without reading them. `catch_up_speedup`: dc1's time over dc2's.
 
 Writes benchmarks/results/<date>-datacenters.json and prints a summary.
 """
@@ -41,10 +48,11 @@ def command(*args: str) -> None:
         raise SystemExit(f"photon {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
 
 
-def start_run(data_dir: Path, dc: str, address: str) -> tuple[subprocess.Popen, float]:
+def start_run(data_dir: Path, dc: str, address: str, *extra: str) -> tuple[subprocess.Popen, float]:
+    """`photon run --until-idle` of one datacenter against the registry at `address`."""
     env = {**os.environ, "PHOTON_REGISTRY_ADDRESS": address}
     process = subprocess.Popen([*PHOTON, "run", "--data-dir", str(data_dir), "--until-idle", "--json",
-                                "--datacenters", dc], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                "--datacenters", dc, *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     return process, time.monotonic()
 
@@ -96,14 +104,79 @@ def both_at_once(work: Path, gen: list[str]) -> dict:
     command("gen", "--data-dir", str(data), *gen)
     registry = Registry(data)
     try:
+        started = time.monotonic()
         runs = [start_run(data, dc, registry.address) for dc in ("dc1", "dc2")]
         rows = [dc_row(finish(*run), dc) for run, dc in zip(runs, ("dc1", "dc2"))]
+        wall = round(time.monotonic() - started, 2)
     finally:
         registry.stop()
     joined = sum(r["joined"] for r in rows)
     wasted = sum(r["wasted_joins"] for r in rows)
-    return {"datacenters": rows, "joined_total": joined, "wasted_joins_total": wasted,
+    for row in rows:
+        row["join_share"] = round(row["joined"] / joined, 3) if joined else None
+    return {"datacenters": rows, "wall_seconds": wall, "joined_total": joined, "wasted_joins_total": wasted,
             "wasted_join_share": round(wasted / (joined + wasted), 4) if joined + wasted else None}
+
+
+def claims(data: Path, address: str) -> list[dict]:
+    """Every claim on the click files (resources/work_claims.py), from the registry."""
+    from resources.registry_service import RemoteIdRegistry
+
+    files = sorted(str(p.relative_to(data / "logs" / "dc1" / "click")) for p in (data / "logs" / "dc1" / "click").rglob("*.jsonl"))
+    registry = RemoteIdRegistry(address)
+    try:
+        return registry.work_claims("click", files)
+    finally:
+        registry.close()
+
+
+def failover(work: Path, seed: int, seconds: float, kill_after: float) -> dict:
+    from deltalake import DeltaTable
+
+    from sensors.ownership import preferred_dc
+
+    data = work / "failover"
+    gen = subprocess.Popen([*PHOTON, "gen", "--data-dir", str(data), "--follow", "--rate", "100", "--duration-s",
+                            str(seconds), "--seed", str(seed), "--datacenters", "dc1,dc2", "--rotate-bytes", "32768"],
+                           cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not (data / "logs" / "dc1" / "click").is_dir():
+        if gen.poll() is not None:
+            raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
+        time.sleep(0.1)
+    registry = Registry(data)
+    try:
+        dc1 = start_run(data, "dc1", registry.address, "--min-seconds", str(seconds))
+        dc2, _ = start_run(data, "dc2", registry.address, "--min-seconds", str(seconds))
+        deadline = time.monotonic() + 600
+        while not any(c["dc"] == "dc2" and c["state"] != "claimed" for c in claims(data, registry.address)):
+            if dc2.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("dc2 finished no work unit to be killed after")
+            time.sleep(0.2)
+        time.sleep(kill_after)
+        dc2.kill()
+        killed_us = time.time_ns() // 1000
+        dc2.communicate()
+        if gen.wait() != 0:
+            raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
+        survivor = dc_row(finish(*dc1), "dc1")
+        taken = [c for c in claims(data, registry.address) if c["dc"] == "dc1" and c["claimed_us"] > killed_us
+                 and preferred_dc(c["file"], {"dc1", "dc2"}) == "dc2" and c["finished_us"]]
+        if not taken:
+            raise SystemExit("dc1 never took over dc2's share")
+        back = dc_row(finish(*start_run(data, "dc2", registry.address)), "dc2")
+    finally:
+        registry.stop()
+    truth = json.loads((data / "gen_summary.json").read_text())
+    ids = DeltaTable(str(data / "warehouse" / "joined_clicks")).to_pyarrow_table(columns=["click_id"]).column(0).to_pylist()
+    return {
+        "takeover_seconds": round((min(c["finished_us"] for c in taken) - killed_us) / 1e6, 2),
+        "takeover_first_claim_seconds": round((min(c["claimed_us"] for c in taken) - killed_us) / 1e6, 2),
+        "bytes_taken_over": sum(c["end"] - c["start"] for c in taken),
+        "survivor": survivor,
+        "killed_one_back": back,
+        "no_click_twice": len(ids) == len(set(ids)),
+        "every_joinable_click_joined": set(ids) == set(truth["joinable_click_ids"]),
+    }
 
 
 def outage_and_catch_up(work: Path, gen: list[str]) -> dict:
@@ -120,6 +193,7 @@ def outage_and_catch_up(work: Path, gen: list[str]) -> dict:
         "backlog_first_time": first,
         "catch_up": catch_up,
         "catch_up_ratio": round(catch_up["wall_seconds"] / first["wall_seconds"], 3),
+        "catch_up_speedup": round(first["wall_seconds"] / catch_up["wall_seconds"], 2),
         "catch_up_skipped_share": round(catch_up["skipped_registered"] / catch_up["clicks_looked_up"], 4)
         if catch_up["clicks_looked_up"] else None,
     }
@@ -129,16 +203,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--failover-seconds", type=float, default=120, help="live logs written for the failover run")
+    parser.add_argument("--kill-after", type=float, default=15, help="seconds after dc2's first finished unit")
     args = parser.parse_args()
     gen = ["--queries", str(args.queries), "--seed", str(args.seed), "--datacenters", "dc1,dc2"]
     work = Path(tempfile.mkdtemp(prefix="photon-bench-dc-"))
     try:
         result = {
             "date": datetime.date.today().isoformat(),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                     text=True).stdout.strip(),
             "workload": {"queries": args.queries, "seed": args.seed, "datacenters": ["dc1", "dc2"]},
             "both_at_once": both_at_once(work, gen),
+            "failover": failover(work, args.seed, args.failover_seconds, args.kill_after),
             "outage": outage_and_catch_up(work, gen),
         }
+        result["wasted_join_share"] = result["both_at_once"]["wasted_join_share"]
+        result["takeover_seconds"] = result["failover"]["takeover_seconds"]
+        result["catch_up_speedup"] = result["outage"]["catch_up_speedup"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = REPO / "benchmarks" / "results" / f"{result['date']}-datacenters.json"

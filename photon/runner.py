@@ -31,9 +31,10 @@ from photon.dagster_internals import in_process_workspace, instance_at, remote_s
 from photon.run_processes import kill_run_process
 from resources.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
-from resources.registry import ADDRESS_ENV
+from resources.registry import ADDRESS_ENV, registry_resource_from_env
 from resources.spark import spark_session
 from resources.settings import pipeline_settings
+from resources.work_claims import leases_held
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from sensors.freshness import FRESHNESS_SENSOR
 from photon_assets.jobs import VERIFY_JOB
@@ -225,6 +226,15 @@ def start_spark_session(log: logging.Logger) -> None:
         log.debug("early Spark session start failed: %s", error)
 
 
+@contextmanager
+def datacenter_leases(layout: DataLayout, datacenters: list[str], log: logging.Logger):
+    """These datacenters' leases in the registry (sensors/ownership.py), held while the pipeline
+    runs: once one lapses, the other datacenters take over its share of the click lines."""
+    registry = registry_resource_from_env(str(layout.root)).get()
+    with leases_held(registry, datacenters, pipeline_settings().lease_seconds, log):
+        yield
+
+
 MAX_RECOVERY_ROUNDS = 2  # recovery, then pipeline and verification again; more would repeat itself
 
 
@@ -239,7 +249,7 @@ def run_until_idle(
     MAX_RECOVERY_ROUNDS times. Returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
-    with exclusive(layout, datacenters), registry_service(layout, log):
+    with exclusive(layout, datacenters), registry_service(layout, log), datacenter_leases(layout, datacenters, log):
         # Only after the registry child is forked: its `preexec_fn` is not safe while another thread
         # runs (subprocess's documentation), and this one forks the JVM.
         threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
@@ -348,15 +358,20 @@ def recovery_did_work(outcome: dict) -> bool:
 
 
 def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: DataLayout, datacenters: list[str]) -> list[str]:
-    """Work the sensors will launch without any new input: click work held back by pacing, and
-    pending clicks joinable with the data present once their retry backoff is over."""
+    """Work the sensors will launch without any new input: click work held back by pacing or left to
+    another live datacenter (until it finishes it or its lease lapses: the pipelines of all
+    datacenters are idle together), and pending clicks joinable with the data present once their
+    retry backoff is over."""
     settings = pipeline_settings()
     waiting = []
     for sensor in sensors:
         state = instance.get_instigator_state(sensor.get_remote_origin_id(), sensor.selector_id)
         cursor = state.instigator_data.cursor if state and state.instigator_data else None
-        if cursor and json.loads(cursor).get("held"):
+        state = json.loads(cursor) if cursor else {}
+        if state.get("held"):
             waiting.append(f"{sensor.name}: pacing")
+        if state.get("waiting"):
+            waiting.append(f"{sensor.name}: another datacenter's share")
     given_up = work_units_failed_for_good(instance)
     for dc in datacenters:
         if any(unit.startswith(f"{dc}.{PENDING}.") for unit in given_up):

@@ -15,28 +15,32 @@ from spark_ops.tables import read_table
 
 
 def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance) -> dict:
+    """Lines and clicks are counted over every datacenter, each log line once by its file and offset
+    (replicas hold the same bytes, and each datacenter reads only its share: sensors/ownership.py);
+    queries ingested, runs and their costs are this process's datacenters'."""
     spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}
     in_scope = F.col("dc").isin(datacenters)
-    ledger = read_table(spark, "click_ledger", tables["click_ledger"]).where(in_scope).persist()
+    ledger = read_table(spark, "click_ledger", tables["click_ledger"]).persist()
     staged = layout.staging / f"summary-{os.getpid()}"  # other datacenters' processes summarize too
     shutil.rmtree(staged, ignore_errors=True)
     registered = unstage(spark, registry_resource_from_env(str(layout.root)).get().scan(), staged)
     unjoinable = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"])
     try:
-        seen = ledger.count()
-        per_dc_distinct = ledger.select("dc", "click_id").distinct().count()
+        seen = ledger.select("file", "offset").distinct().count()
         distinct = ledger.select("click_id").distinct()
+        distinct_clicks = distinct.count()
+        quarantined = read_table(spark, "quarantined_lines", tables["quarantined_lines"])
         summary = {
             "clicks_seen": seen,
-            "distinct_clicks": distinct.count(),
+            "distinct_clicks": distinct_clicks,
             "clicks_joined": read_table(spark, "joined_clicks", tables["joined_clicks"]).count(),
             # Clicks too old for the registry are unjoinable without being registered.
             "clicks_pending": distinct.join(registered, "click_id", "left_anti")
             .join(unjoinable.select("click_id"), "click_id", "left_anti").count(),
             "clicks_unjoinable": unjoinable.count(),
-            "duplicate_click_lines": seen - per_dc_distinct,
-            "quarantined_lines": read_table(spark, "quarantined_lines", tables["quarantined_lines"]).where(in_scope).count(),
+            "duplicate_click_lines": seen - distinct_clicks,
+            "quarantined_lines": quarantined.select("stream", "file", "offset").distinct().count(),
             "queries_ingested": read_table(spark, "query_logs", tables["query_logs"]).where(in_scope).count(),
             "datacenters": datacenters,
             "failed_work_units": sorted(work_units_failed_for_good(instance)),

@@ -36,7 +36,7 @@ import dagster as dg
 
 from photon.runner import (
     RunnerError, die_with_parent, exclusive, fail_orphaned_runs, headless_instance, prepare_environment,
-    registry_log, registry_service,
+    datacenter_leases, registry_log, registry_service,
 )
 from photon.run_processes import process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC
@@ -162,6 +162,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             if orphans:
                 log.warning("marked %d run(s) cut short earlier as failed; their work units will be retried", orphans)
             registry = held.enter_context(registry_service(layout, log))
+            held.enter_context(datacenter_leases(layout, datacenters, log))
             spark_port = free_port()
             remote = f"sc://127.0.0.1:{spark_port}"
             spark = start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment())

@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
 from photon_assets.table_metadata import column_schema, table_uri
-from photon_assets.work_unit import PENDING, TAG_DC, WorkUnitConfig, run_start_costs
+from photon_assets.work_unit import LOG_RANGES, PENDING, TAG_DC, WorkUnitConfig, run_start_costs
 from resources import faults
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
@@ -212,6 +212,10 @@ def join_pass(
     meter.phase("join_total")
     digest = policy.digest(session, tables["pending_clicks"], config.dc)
     digest.save(warehouse.layout.pending_digest_file(config.dc))
+    if config.kind == LOG_RANGES:
+        # Last, once everything is written: other datacenters skip these bytes from now on
+        # (sensors/ownership.py); a crash before it leaves them waiting for this unit's retry.
+        registry.get().finish_work(config.work_unit, pending=stats.pending > 0)
     meter.phase("pending_digest")
     return ingest, stats, digest
 

@@ -56,10 +56,14 @@ class DataLayout:
         return self.root / "dagster"
 
     def datacenters(self) -> list[str]:
-        """Datacenters to run: PHOTON_DATACENTERS if set, else every replica directory under logs/."""
+        """Datacenters to run: PHOTON_DATACENTERS if set, else every replica."""
         selected = os.environ.get(DATACENTERS_ENV)
         if selected:
             return [dc for dc in selected.split(",") if dc]
+        return self.replicas()
+
+    def replicas(self) -> list[str]:
+        """Every replica directory under logs/: the datacenters sharing the click lines."""
         if not self.logs.is_dir():
             return []
         return sorted(p.name for p in self.logs.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -69,6 +69,24 @@ class IdRegistry(ABC):
     def collect_garbage(self) -> dict:
         """Run one garbage-collection pass now; returns the boundaries and the ids deleted."""
 
+    # Work ownership between datacenters (resources/work_claims.py has the semantics).
+    @abstractmethod
+    def heartbeat(self, dc: str | None, ttl_seconds: float) -> dict[str, float | None]:
+        """Renew `dc`'s lease (0: release; None: only read); every datacenter's seconds left
+        (negative: expired; None: released)."""
+
+    @abstractmethod
+    def claim_work(self, dc: str, stream: str, units: list[dict]) -> int:
+        """Record the byte ranges of work units `dc` cut ({"unit", "ranges"})."""
+
+    @abstractmethod
+    def finish_work(self, unit: str, pending: bool) -> int:
+        """Mark a work unit's ranges done (`pending`: it left pending clicks)."""
+
+    @abstractmethod
+    def work_claims(self, stream: str, files: list[str]) -> list[dict]:
+        """Every datacenter's claims on these files."""
+
     def for_executors(self) -> "IdRegistry | None":
         """A picklable client Spark tasks can call directly, or None if the registry lives in this
         process only (then ids travel through the driver)."""

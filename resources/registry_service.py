@@ -9,7 +9,8 @@ Protocol:
 - commit, lookup, delete: `do_exchange`; the descriptor command is JSON ({"op": "commit", "token":
   ...}), the client streams the (click_id, timestamp_us) batch and the server answers with the
   result table (delete: one row, column `deleted`).
-- clear_tokens, stats, reshard, gc: `do_action` with JSON bodies, answered with one JSON result.
+- clear_tokens, stats, reshard, gc, and work ownership (heartbeat, claim_work, finish_work,
+  work_claims): `do_action` with JSON bodies, answered with one JSON result.
 - scan: `do_get` (any ticket), a stream of every registered id.
 
 The RPC handler threads only enqueue work on the shards' registry threads and wait for the answer,
@@ -111,13 +112,24 @@ class RegistryServer(flight.FlightServerBase):
                 result = self.registry.reshard(int(body["shards"]), body.get("effective_at_us"))
             elif action.type == "gc":
                 result = self.registry.collect_garbage()
+            elif action.type == "heartbeat":
+                result = self.registry.heartbeat(body.get("dc"), float(body["ttl_seconds"]))
+            elif action.type == "claim_work":
+                result = self.registry.claim_work(body["dc"], body["stream"], body["units"])
+            elif action.type == "finish_work":
+                result = self.registry.finish_work(body["unit"], bool(body["pending"]))
+            elif action.type == "work_claims":
+                result = self.registry.work_claims(body["stream"], body["files"])
             else:
-                raise ValueError(f"unknown action {action.type!r} (clear_tokens, stats, reshard, gc)")
+                raise ValueError(f"unknown action {action.type!r} (clear_tokens, stats, reshard, gc, heartbeat, "
+                                 "claim_work, finish_work, work_claims)")
         return [json.dumps(result).encode()]
 
     def list_actions(self, context):
         return [("clear_tokens", "forget a token"), ("stats", "counters and shard configuration"),
-                ("reshard", "change the shard count from a time on"), ("gc", "run one GC pass")]
+                ("reshard", "change the shard count from a time on"), ("gc", "run one GC pass"),
+                ("heartbeat", "renew a datacenter's lease; every lease"), ("claim_work", "record cut work units"),
+                ("finish_work", "mark a work unit done"), ("work_claims", "claims on log files")]
 
     def do_get(self, context, ticket):
         return flight.RecordBatchStream(self.registry.scan())
@@ -306,6 +318,18 @@ class RemoteIdRegistry(IdRegistry):
 
     def collect_garbage(self) -> dict:
         return self._action("gc")
+
+    def heartbeat(self, dc: str | None, ttl_seconds: float) -> dict[str, float | None]:
+        return self._action("heartbeat", {"dc": dc, "ttl_seconds": ttl_seconds})
+
+    def claim_work(self, dc: str, stream: str, units: list[dict]) -> int:
+        return self._action("claim_work", {"dc": dc, "stream": stream, "units": units})
+
+    def finish_work(self, unit: str, pending: bool) -> int:
+        return self._action("finish_work", {"unit": unit, "pending": pending})
+
+    def work_claims(self, stream: str, files: list[str]) -> list[dict]:
+        return self._action("work_claims", {"stream": stream, "files": files})
 
     def close(self) -> None:
         with self._lock:

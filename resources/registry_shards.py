@@ -5,6 +5,7 @@ This is the embedded registry, and the engine `registry_service.RegistryServer` 
 Flight. Layout of its directory:
 
 - `meta.duckdb`: the shard configuration, rows (start_us, end_us, shards); end NULL means ∞.
+- `work.duckdb`: datacenters' leases and claims on work units (resources/work_claims.py).
 - `shard-0000.duckdb`, ...: one DuckDB file per physical shard with `registered_ids` and a one-row
   `gc_boundary`. A configuration of n shards uses physical shards 0..n-1.
 
@@ -37,6 +38,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from resources.registry_api import ArrowSource, IdRegistry
+from resources.work_claims import WorkClaims
 
 log = logging.getLogger(__name__)
 
@@ -355,6 +357,7 @@ class ShardedIdRegistry(IdRegistry):
         elif shards != self._config[-1][2]:
             log.warning("registry %s keeps its stored shard configuration %s; ignoring shards=%d",
                         self.directory, self.configuration(), shards)
+        self._work = WorkClaims(self.directory / "work.duckdb")
         self._shards: dict[int, _Shard] = {}
         self._shards_lock = threading.Lock()
         self._closed = False
@@ -480,6 +483,18 @@ class ShardedIdRegistry(IdRegistry):
         log.info("registry %s resharded: %s", self.directory, self.configuration())
         return self.configuration()
 
+    def heartbeat(self, dc: str | None, ttl_seconds: float) -> dict[str, float | None]:
+        return self._work.heartbeat(dc, ttl_seconds)
+
+    def claim_work(self, dc: str, stream: str, units: list[dict]) -> int:
+        return self._work.claim(dc, stream, units)
+
+    def finish_work(self, unit: str, pending: bool) -> int:
+        return self._work.finish(unit, pending)
+
+    def work_claims(self, stream: str, files: list[str]) -> list[dict]:
+        return self._work.claims(stream, files)
+
     def collect_garbage(self) -> dict:
         """One GC pass on every shard now; returns each shard's boundary and how many ids it deleted."""
         now = now_us()
@@ -524,4 +539,5 @@ class ShardedIdRegistry(IdRegistry):
         for shard in shards:
             shard.close()
         self._meta.close()
+        self._work.close()
         self._hasher.close()

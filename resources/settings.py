@@ -58,6 +58,12 @@ class PipelineSettings(dg.ConfigurableResource):
     # future timestamp must not hold a file for good); max_hold 0 turns pacing off.
     pacing_margin_seconds: float = 0.0
     pacing_max_hold_seconds: float = 600.0
+    # Active-active (sensors/ownership.py): a datacenter's lease in the registry lasts this long and
+    # is renewed every quarter of it; once it has expired, the other datacenters take over its share
+    # of the click lines. A live datacenter's share that waits at the same offset for the grace
+    # (its owner is stuck) is taken over too.
+    lease_seconds: float = 10.0
+    takeover_grace_seconds: float = 120.0
 
 
 def pipeline_settings() -> PipelineSettings:

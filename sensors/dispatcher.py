@@ -32,8 +32,10 @@ from photon_assets.work_unit import (
     work_units_in_flight,
 )
 from resources.layout import DataLayout
+from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.stream_state import PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
+from sensors.ownership import Share, share_work
 from sensors.retries import plan_retries
 from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 
@@ -181,8 +183,9 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         + (" Click lines ahead of the query stream's progress wait while query data is being ingested "
            "(pacing)." if stream == "click" else ""),
     )
-    def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
-        cursor = read_cursor(context.cursor, requested=0, held={}, paced_ticks=0)
+    def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings,
+                    registry: IdRegistryResource) -> dg.SensorResult:
+        cursor = read_cursor(context.cursor, requested=0, held={}, paced_ticks=0, waiting={})
         cursor.pop("held_since", None)  # the whole-tick hold of earlier versions
         layout = DataLayout(Path(data_dir))
         log = WorkUnitLog.load(layout.dispatcher_state / dc / f"{stream}.jsonl")
@@ -206,10 +209,29 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
             cursor["paced_ticks"] += bool(pacing.held)
             cursor["held"] = pacing.held
             ranges, hold_reason = pacing.ranges, pacing.reason
+        skipped = []
+        active_active = stream == "click" and len(layout.replicas()) > 1
+        if active_active and ranges:
+            share = divide_clicks(registry.get(), dc, ranges, cursor["waiting"], settings, time.time())
+            if share.taken_over:
+                context.log.warning(f"taking over click lines of {sorted(share.taken_over)}: "
+                                    f"{sum(share.taken_over.values())} bytes (lease expired or past the grace)")
+            cursor["waiting"] = share.waiting
+            ranges, skipped = share.cut, share.skipped
+            if share.waiting and not ranges:
+                hold_reason = hold_reason or (f"{len(share.waiting)} click file(s) are another datacenter's "
+                                              "share while its lease lives")
         max_bytes = work_unit_bytes(stream, sum(end - start for _, start, end in ranges), settings)
+        units = cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units))
+        if skipped:
+            seq = len(log.units) + len(units)
+            units.append(WorkUnit(f"{dc}.{stream}.{seq:08d}", seq, tuple(skipped), skipped=True))
         # Recorded durably before any run is requested: a crash in between re-requests the same units.
-        log.append(cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units)))
-        fresh: list[WorkUnit] = log.units[cursor["requested"]:]
+        log.append(units)
+        fresh: list[WorkUnit] = [u for u in log.units[cursor["requested"]:] if not u.skipped]
+        if active_active and fresh:
+            # Claimed before the runs are requested, so the other datacenters wait for these bytes.
+            registry.get().claim_work(dc, stream, [{"unit": u.id, "ranges": [list(r) for r in u.ranges]} for u in fresh])
         requests = [work_unit_request(dc, stream, LOG_RANGES, u.id, u.ranges) for u in fresh]
         retries = plan_retries(context.instance, job_name, dc, settings)
         requests += retries.run_requests
@@ -228,6 +250,14 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         )
 
     return _dispatcher
+
+
+def divide_clicks(registry, dc: str, ranges: list[tuple[str, int, int]], waiting_before: dict[str, list],
+                  settings: PipelineSettings, now: float) -> Share:
+    """This datacenter's share of the new click lines, by the leases and claims in the registry."""
+    leases = registry.heartbeat(None, 0)
+    claims = registry.work_claims("click", sorted({file for file, _, _ in ranges}))
+    return share_work(dc, ranges, claims, leases, waiting_before, settings.takeover_grace_seconds, now)
 
 
 def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None) -> dg.AssetObservation:

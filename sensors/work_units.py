@@ -5,7 +5,8 @@ Per datacenter and stream, an append-only JSON Lines log of work units, each a l
 `[file, start, end)` ending just after a `\\n`. The next offset of a file is the end of its last
 range. A work unit is written here (and fsynced) before any run for it is requested, so its
 boundaries never change: a retry, or a re-evaluation after a crash, always names the same bytes
-under the same id, and its registry token stays the same.
+under the same id, and its registry token stays the same. Ranges another datacenter finished
+are recorded as `skipped` units (sensors/ownership.py): they advance the offsets, with no run.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ class WorkUnit:
     id: str
     seq: int
     ranges: tuple[tuple[str, int, int], ...]
+    # Ranges another datacenter finished (sensors/ownership.py): they advance the offsets, no run.
+    skipped: bool = False
 
     @property
     def bytes(self) -> int:
         return sum(end - start for _, start, end in self.ranges)
 
     def to_json(self) -> str:
-        return json.dumps({"id": self.id, "seq": self.seq, "ranges": [list(r) for r in self.ranges]})
+        skipped = {"skipped": True} if self.skipped else {}
+        return json.dumps({"id": self.id, "seq": self.seq, "ranges": [list(r) for r in self.ranges], **skipped})
 
 
 @dataclass
@@ -49,7 +53,8 @@ class WorkUnitLog:
                     f.truncate(len(complete))
             for line in complete.splitlines():
                 unit = json.loads(line)
-                log.units.append(WorkUnit(unit["id"], unit["seq"], tuple(tuple(r) for r in unit["ranges"])))
+                log.units.append(WorkUnit(unit["id"], unit["seq"], tuple(tuple(r) for r in unit["ranges"]),
+                                          unit.get("skipped", False)))
         return log
 
     def next_offsets(self) -> dict[str, int]:

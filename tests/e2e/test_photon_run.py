@@ -103,7 +103,9 @@ def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark, over_
     assert third["runs"] == 0 and third["clicks_joined"] == second["clicks_joined"]
     assert DeltaTable(joined_path).version() == version
 
-    # 4. The second replica, same bytes: every click is already registered, nothing is added.
+    # 4. The second replica, same bytes: dc1 has stopped, so dc2 skips the ranges dc1 finished and
+    # reads again only those dc1 left clicks pending in (nothing waits on a stopped datacenter);
+    # every click there is already registered or still pending: nothing is added.
     replica = run(data_dir, "--datacenters", "dc2", env_extra=settings)
     assert replica["clicks_joined"] == second["clicks_joined"]
     assert all(replica["verification"].values())
@@ -119,7 +121,7 @@ def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark, over_
     assert sum(aggregates.column("clicks").to_pylist()) == len(ids)
     assert sum(aggregates.column("cost_micros").to_pylist()) == sum(joined.column("cost_micros").to_pylist())
     quarantine = DeltaTable(str(data_dir / "warehouse" / "quarantined_lines")).to_pyarrow_table()
-    assert quarantine.num_rows == 2 * truth["bad_lines"]  # both replicas' pipelines read them
+    assert len(set(zip(*quarantine.select(["stream", "file", "offset"]).to_pydict().values()))) == truth["bad_lines"]
     assert all(quarantine.column("reason").to_pylist())
 
     # Every asset check passes, over Connect too.

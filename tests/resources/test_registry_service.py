@@ -92,6 +92,12 @@ def test_remote_registry_contract(server):
     with pytest.raises(ValueError, match="earlier than now"):
         registry.reshard(8, effective_at_us=1)
     assert registry.collect_garbage()["deleted"] == {str(n): 0 for n in range(4)}
+    # Work ownership travels as actions too.
+    assert registry.heartbeat("dc1", 30)["dc1"] > 29
+    assert registry.claim_work("dc1", "click", [{"unit": "dc1.click.1", "ranges": [["f.jsonl", 0, 9]]}]) == 1
+    assert registry.finish_work("dc1.click.1", pending=False) == 1
+    [claim] = registry.work_claims("click", ["f.jsonl"])
+    assert (claim["dc"], claim["start"], claim["end"], claim["state"]) == ("dc1", 0, 9, "done")
     registry.close()
 
 

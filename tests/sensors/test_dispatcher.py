@@ -7,10 +7,13 @@ from dagster._core.test_utils import create_run_for_test
 from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
 from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
 from resources.layout import DataLayout
+from resources.registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
 from resources.stream_state import PendingDigest, QueryProgress, WriterProgress, pending_retry_decision
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
+from sensors.ownership import preferred_dc
 from sensors.retries import plan_retries
+from sensors.work_units import WorkUnitLog
 from tests.conftest import click, query, write_lines
 
 
@@ -20,9 +23,11 @@ def instance():
         yield instance
 
 
-def evaluate(sensor, instance, cursor=None, **settings) -> dg.SensorResult:
+def evaluate(sensor, instance, cursor=None, registry: IdRegistryResource | None = None, **settings) -> dg.SensorResult:
+    # With one replica the click dispatcher never reaches the registry; an embedded one otherwise.
+    registry = registry or IdRegistryResource(data_dir=instance.root_directory)
     context = dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"settings": PipelineSettings(**settings)}
+        instance=instance, cursor=cursor, resources={"settings": PipelineSettings(**settings), "registry": registry}
     )
     return sensor(context)
 
@@ -45,7 +50,7 @@ def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, ins
     assert covered["w2/00000.jsonl"] == (click_dir / "w2" / "00000.jsonl").stat().st_size
     assert all(r.tags[TAG_DC] == "dc1" and r.job_name == JOIN_CLICKS_JOB for r in first.run_requests)
     cursor = json.loads(first.cursor)
-    assert cursor == {"requested": len(keys), "held": {}, "paced_ticks": 0, "v": 1}
+    assert cursor == {"requested": len(keys), "held": {}, "paced_ticks": 0, "waiting": {}, "v": 1}
 
     # Nothing new: nothing requested. A tick that lost its cursor re-requests the same keys.
     assert evaluate(sensor, instance, cursor=first.cursor, pacing_max_hold_seconds=0).run_requests == []
@@ -247,3 +252,53 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_da
     evaluate(log_dispatcher("dc1", "query", str(tmp_path)), instance)
     unheld = evaluate(sensor, instance, cursor=released.cursor, **knobs)
     assert [r.run_key for r in unheld.run_requests] == ["dc1.click.00000003"]
+
+
+@pytest.fixture
+def registry(tmp_path):
+    yield IdRegistryResource(data_dir=str(tmp_path))
+    close_embedded_registries()
+
+
+def test_two_datacenters_cut_their_own_shares_and_skip_what_the_other_finished(tmp_path, instance, registry):
+    """Active-active (sensors/ownership.py) through the registry: each datacenter's dispatcher cuts
+    the files preferred for it, a finished range is skipped without a run, and the share of a
+    datacenter whose lease lapsed is taken over where it stopped."""
+    files = [f"w{i}/00000.jsonl" for i in range(8)]
+    for dc in ("dc1", "dc2"):
+        for n, file in enumerate(files):
+            write_lines(tmp_path / "logs" / dc / "click" / file, [click(f"10.0.0.1:{n}:{i}", "q", i) for i in range(5)])
+    registry.get().heartbeat("dc1", 60)
+    registry.get().heartbeat("dc2", 60)
+    owner = {f: preferred_dc(f, {"dc1", "dc2"}) for f in files}
+    assert set(owner.values()) == {"dc1", "dc2"}
+    settings = {"pacing_max_hold_seconds": 0, "click_catch_up_work_unit_bytes": 0}
+
+    def cut(result) -> dict[str, tuple[int, int]]:
+        return {r["file"]: (r["start"], r["end"]) for q in result.run_requests
+                for r in q.run_config["ops"]["join_clicks"]["config"]["ranges"]}
+
+    dc1, dc2 = log_dispatcher("dc1", "click", str(tmp_path)), log_dispatcher("dc2", "click", str(tmp_path))
+    first1 = evaluate(dc1, instance, registry=registry, **settings)
+    first2 = evaluate(dc2, instance, registry=registry, **settings)
+    assert set(cut(first1)) == {f for f in files if owner[f] == "dc1"}
+    assert set(cut(first2)) == {f for f in files if owner[f] == "dc2"}
+    assert set(json.loads(first2.cursor)["waiting"]) == {f for f in files if owner[f] == "dc1"}
+    assert first2.skip_reason is None
+
+    # dc1 finishes its units, then stops (its lease released); a dc1 file grows in both replicas.
+    for request in first1.run_requests:
+        assert registry.get().finish_work(request.run_key, pending=False) >= 1
+    registry.get().heartbeat("dc1", 0)
+    grown = next(f for f in files if owner[f] == "dc1")
+    size = (tmp_path / "logs" / "dc1" / "click" / grown).stat().st_size
+    for dc in ("dc1", "dc2"):
+        write_lines(tmp_path / "logs" / dc / "click" / grown, [click("10.0.0.1:99:1", "q", 99)])
+    later = evaluate(dc2, instance, cursor=first2.cursor, registry=registry, **settings)
+    # dc2 reads only the new line: the bytes dc1 joined are recorded as skipped, with no run.
+    assert cut(later) == {grown: (size, (tmp_path / "logs" / "dc2" / "click" / grown).stat().st_size)}
+    log = WorkUnitLog.load(tmp_path / "state" / "dispatcher" / "dc2" / "click.jsonl")
+    [skipped] = [u for u in log.units if u.skipped]
+    assert {f for f, _, _ in skipped.ranges} == {f for f in files if owner[f] == "dc1"}
+    assert skipped.id not in [r.run_key for r in later.run_requests]
+    assert json.loads(later.cursor)["waiting"] == {}

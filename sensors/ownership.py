@@ -1,0 +1,85 @@
+"""Active-active without waste (Photon §3.3.1, §4.4; Ubiq §3): which datacenter joins which click lines.
+
+Every datacenter's click dispatcher sees the same files (replicas: same names, same bytes). Each
+file has a preferred datacenter, chosen by rendezvous hashing among the datacenters that have held
+a lease in the registry, so both start together without joining the same clicks, and a datacenter
+that comes back gets its share back. A dispatcher, walking a file's new bytes from its own offset:
+
+- skips a range another datacenter finished (`done`), without reading it: its clicks are joined,
+  unjoinable, or pending in that datacenter; also `done_pending` unless that datacenter died (its
+  pending clicks are its own, retried when it runs; once it died, the range is read again so that
+  nothing waits on it);
+- waits at a range another live datacenter claimed and has not finished, and at bytes whose
+  preferred datacenter is another live one that has not claimed them yet;
+- cuts everything else: its own share, and the share of a datacenter whose lease expired
+  (takeover, within one lease of the kill). Bytes it has waited on at the same offset for
+  `takeover_grace_seconds` it cuts too: a live owner that is stuck (a unit failed for good) must not
+  stop the file. Two datacenters joining the same clicks is then only waste: the registry still
+  lets one of them win each click.
+
+A file's recorded ranges stay contiguous: the walk stops at the first byte it waits on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from resources.work_claims import DONE, DONE_PENDING
+
+Range = tuple[str, int, int]
+
+
+def preferred_dc(file: str, members: set[str]) -> str:
+    """Rendezvous hashing: a file moves only when its preferred datacenter joins or leaves."""
+    return max(sorted(members), key=lambda dc: hashlib.md5(f"{dc}\0{file}".encode()).digest())
+
+
+@dataclass
+class Share:
+    cut: list[Range] = field(default_factory=list)  # this datacenter joins these
+    skipped: list[Range] = field(default_factory=list)  # another datacenter finished these
+    waiting: dict[str, list] = field(default_factory=dict)  # file -> [offset waited at, since]
+    taken_over: dict[str, int] = field(default_factory=dict)  # datacenter -> bytes cut of its share
+
+
+def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[str, float],
+               waiting_before: dict[str, list], grace_seconds: float, now: float) -> Share:
+    """Splits this datacenter's new `ranges` (one per file, from its own offsets) by ownership.
+    `claims`: every datacenter's claims on those files (resources/work_claims.py); `leases`: every
+    datacenter's seconds of lease left (negative: expired, it died; None: released, it stopped)."""
+    live = {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left > 0}
+    died = {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left <= 0}
+    members = set(leases) | {dc}
+    share = Share()
+    for file, start, end in ranges:
+        others = sorted((c for c in claims if c["file"] == file and c["dc"] != dc and c["end"] > start
+                         and c["start"] < end), key=lambda c: c["start"])
+        pos = start
+        while pos < end:
+            covering = next((c for c in others if c["start"] <= pos < c["end"]), None)
+            if covering is not None:
+                stop, holder = min(covering["end"], end), covering["dc"]
+                if covering["state"] == DONE or (covering["state"] == DONE_PENDING and holder not in died):
+                    share.skipped.append((file, pos, stop))
+                    pos = stop
+                    continue
+                owner = holder
+            else:
+                stop = min([c["start"] for c in others if c["start"] > pos] + [end])
+                owner = preferred_dc(file, members)
+            if owner == dc or owner not in live:
+                if owner != dc:
+                    share.taken_over[owner] = share.taken_over.get(owner, 0) + stop - pos
+                share.cut.append((file, pos, stop))
+                pos = stop
+                continue
+            offset, since = waiting_before.get(file, (None, now))
+            since = since if offset == pos else now
+            if now - since < grace_seconds:
+                share.waiting[file] = [pos, since]
+                break
+            share.taken_over[owner] = share.taken_over.get(owner, 0) + stop - pos
+            share.cut.append((file, pos, stop))
+            pos = stop
+    return share
