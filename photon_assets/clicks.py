@@ -20,7 +20,8 @@ from resources.stream_state import PendingDigest, QueryCache, QueryProgress, pen
 from spark_ops.aggregates import aggregate_clicks, refresh_aggregates
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
-from spark_ops.join import JoinStats, click_columns, join_work_unit, load_adapter
+from spark_ops.validity import TimestampValidity
+from spark_ops.join import JoinStats, click_columns, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events, parse_ranges
 from spark_ops.pending import PendingPolicy
@@ -132,6 +133,11 @@ def join_clicks(
             ),
             "pending_clicks_in_dc": digest.pending,
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
+            # Window advice (Facebook §6.5): click time minus query time of this run's joins.
+            **{f"join_delay_{k}_seconds": dg.FloatMetadataValue(stats.delay_seconds.get(k)) for k in ("p50", "p99", "max")},
+            "join_delay_p99_share_of_window": dg.FloatMetadataValue(
+                stats.delay_seconds["p99"] / settings.unjoinable_after_seconds if stats.delay_seconds else None),
+            "window_advice": window_advice(stats.delay_seconds, settings.unjoinable_after_seconds) or "no clicks joined",
             # The join's own steps, within phase_join_total_seconds.
             **{f"join_{k}_seconds": v for k, v in stats.phase_seconds.items()},
             **cost,
@@ -146,7 +152,7 @@ def join_clicks(
             **table_uri(tables, "unjoinable_clicks"),
             **common,
             "dagster/row_count": unjoinable_rows,
-            "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old,
+            "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old + stats.invalid_timestamp,
         },
     )
 
@@ -172,6 +178,8 @@ def join_pass(
         waiting = read_table(session, "pending_clicks", tables["pending_clicks"]).where(F.col("dc") == config.dc)
         return click_columns(policy.due(waiting))
 
+    validity = TimestampValidity.of(config.clock(), settings.future_tolerance_seconds,
+                                    settings.before_query_tolerance_seconds)
     retrying_pending = config.kind == PENDING
     try:
         if retrying_pending:
@@ -180,7 +188,7 @@ def join_pass(
             parsed = parse_ranges(
                 session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
             ).persist(StorageLevel.MEMORY_AND_DISK)
-            ingest = ingest_clicks(parsed, config.dc, config.work_unit, config.attempt, tables)
+            ingest = ingest_clicks(parsed, config.dc, config.work_unit, config.attempt, tables, validity.latest_valid_us)
             clicks = click_columns(events(parsed))
             # Pending clicks that query data arrived for are retried here rather than by a run of
             # their own: a live pass then pays one click run's fixed cost, not two.
@@ -205,6 +213,7 @@ def join_pass(
             retrying_pending=retrying_pending,
             adapter=load_adapter(settings.adapter),
             checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
+            validity=validity,
         )
     finally:
         if parsed is not None:

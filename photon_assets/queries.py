@@ -84,6 +84,7 @@ def ingest_query_logs(
             **common,
             "dagster/row_count": cached_rows,
             "queries_added": stats.events,
+            "queries_from_the_future": stats.future_events,
             "queries_evicted": evicted,
             "cache_eviction_scanned": scanned,
             **({"cache_since_us": boundary} if boundary is not None else {}),
@@ -116,7 +117,9 @@ def ingest_pass(
     ).persist(StorageLevel.MEMORY_AND_DISK)
     progress_file = warehouse.layout.query_progress_file(config.dc)
     try:
-        stats = line_stats(parsed, by_writer=True)
+        # A query from the future is kept, but moves neither progress nor the cache boundary.
+        stats = line_stats(parsed, by_writer=True,
+                           latest_valid_us=config.clock() + int(settings.future_tolerance_seconds * 1e6))
         meter.phase("parse")
         newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for _, ts in stats.writers.values())], default=0)
         boundary = cache_boundary_us(newest or None, settings.query_cache_retention_seconds)

@@ -33,11 +33,17 @@ class WorkUnitConfig(dg.Config):
     kind: str = LOG_RANGES
     ranges: list[LogRange] = []
     attempt: int = 1
+    # The pipeline's clock for this work unit (µs): when the dispatcher cut it, the same in every
+    # attempt, so timestamp validity (spark_ops/validity.py) judges alike. 0: the run's start.
+    clock_us: int = 0
 
     @property
     def token(self) -> str:
         """The registry token: the work unit, so that every attempt of it gets its own ids back."""
         return self.work_unit
+
+    def clock(self) -> int:
+        return self.clock_us or time.time_ns() // 1000
 
     def byte_ranges(self) -> list[ByteRange]:
         return [ByteRange(r.file, r.start, r.end) for r in self.ranges]

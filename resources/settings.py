@@ -62,7 +62,12 @@ class PipelineSettings(dg.ConfigurableResource):
     # is renewed every quarter of it; once it has expired, the other datacenters take over its share
     # of the click lines. A live datacenter's share that waits at the same offset for the grace
     # (its owner is stuck) is taken over too.
-    lease_seconds: float = 10.0
+    lease_seconds: float = 6.0
+    # Timestamp validity (Facebook §6.7, spark_ops/validity.py): a click more than this ahead of the
+    # pipeline's clock, or this far before its query, is unjoinable at once; a future query is kept
+    # but moves no progress.
+    future_tolerance_seconds: float = 300.0
+    before_query_tolerance_seconds: float = 60.0
     takeover_grace_seconds: float = 120.0
 
 

@@ -66,7 +66,7 @@ def write_cursor(cursor: dict) -> str:
 
 def work_unit_request(dc: str, stream: str, kind: str, unit_id: str, ranges) -> dg.RunRequest:
     job_name, op_name = JOBS[stream]
-    config = {"dc": dc, "work_unit": unit_id, "kind": kind, "attempt": 1,
+    config = {"dc": dc, "work_unit": unit_id, "kind": kind, "attempt": 1, "clock_us": time.time_ns() // 1000,
               "ranges": [{"file": f, "start": s, "end": e} for f, s, e in ranges]}
     return dg.RunRequest(
         run_key=unit_id,

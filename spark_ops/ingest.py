@@ -19,6 +19,7 @@ class IngestStats:
     lines: int = 0
     events: int = 0
     quarantined: int = 0
+    future_events: int = 0  # valid, but from the future: they move no timestamp (spark_ops/validity.py)
     bytes_read: int = 0
     max_timestamp_us: int | None = None
     # Per query writer (`server_ip:process_id`) in these lines: its oldest and newest timestamp.
@@ -74,11 +75,12 @@ def ingest_queries(
     return added
 
 
-def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, attempt: int, tables: dict[str, str]) -> IngestStats:
+def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, attempt: int, tables: dict[str, str],
+                  latest_valid_us: int | None = None) -> IngestStats:
     """Records the work unit's click lines in the ledger and quarantine. The caller persists
     `parsed` and joins its events next."""
     append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"], work_unit, attempt)
-    stats = line_stats(parsed)
+    stats = line_stats(parsed, latest_valid_us=latest_valid_us)
     _quarantine(parsed, stats, dc, "click", work_unit, attempt, tables)
     return stats
 
@@ -91,19 +93,22 @@ def _quarantine(parsed: DataFrame, stats: IngestStats, dc: str, stream: str, wor
                     tables["quarantined_lines"], work_unit, attempt)
 
 
-def line_stats(parsed: DataFrame, by_writer: bool = False) -> IngestStats:
+def line_stats(parsed: DataFrame, by_writer: bool = False, latest_valid_us: int | None = None) -> IngestStats:
     """Counts of a work unit's parsed lines, in one Spark job; with `by_writer` (query lines) also
-    each writer's oldest and newest timestamp. One row per writer reaches the driver."""
+    each writer's oldest and newest timestamp. One row per writer reaches the driver. Events after
+    `latest_valid_us` (from the future: spark_ops/validity.py) are counted but move no timestamp."""
     keys = ["server_ip", "process_id"] if by_writer else []
     is_event = F.col("reason").isNull()
+    in_time = is_event if latest_valid_us is None else is_event & (F.col("timestamp_us") <= latest_valid_us)
     rows = (
         parsed.groupBy(*keys)
         .agg(
             F.count("*").alias("lines"),
             F.count_if(is_event).alias("events"),
             F.coalesce(F.sum("length"), F.lit(0)).alias("bytes_read"),
-            F.min(F.when(is_event, F.col("timestamp_us"))).alias("min_ts"),
-            F.max(F.when(is_event, F.col("timestamp_us"))).alias("max_ts"),
+            F.count_if(is_event & ~in_time).alias("future"),
+            F.min(F.when(in_time, F.col("timestamp_us"))).alias("min_ts"),
+            F.max(F.when(in_time, F.col("timestamp_us"))).alias("max_ts"),
         )
         .collect()
     )
@@ -114,8 +119,9 @@ def line_stats(parsed: DataFrame, by_writer: bool = False) -> IngestStats:
         lines=lines,
         events=valid,
         quarantined=lines - valid,
+        future_events=sum(r["future"] for r in rows),
         bytes_read=sum(r["bytes_read"] for r in rows),
         max_timestamp_us=max(newest, default=None),
         writers={f"{r['server_ip']}:{r['process_id']}": (r["min_ts"], r["max_ts"])
-                 for r in rows if by_writer and r["events"]},
+                 for r in rows if by_writer and r["max_ts"] is not None},
     )

@@ -7,6 +7,8 @@ One call processes one work unit's clicks:
 2. EventStore lookup (spark_ops/event_store.py): each click's query, from the cache tier or through
    the log file map in the raw logs; clicks without one stay pending or, past the unjoinable age,
    are given up (spark_ops/pending.py);
+   clicks with an absurd timestamp (from the future, or before their query) are resolved as
+   unjoinable at once (spark_ops/validity.py);
 3. adapter: business logic over (click, query) pairs; it may alter or drop rows;
 4. conditional commit of the surviving ids (and of dropped and given-up ones, recorded as
    unjoinable) with the work unit's token;
@@ -27,6 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -36,6 +42,7 @@ from spark_ops.handoff import materialize
 from spark_ops.pending import PendingPolicy, update_pending
 from spark_ops.registry_calls import commit_ids, lookup_ids
 from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
+from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, TimestampValidity
 
 Adapter = Callable[[DataFrame], DataFrame]
 
@@ -74,11 +81,14 @@ class JoinStats:
     dropped_by_adapter: int = 0
     given_up: int = 0  # pending too long: recorded as unjoinable
     too_old: int = 0  # older than the registry's GC boundary: recorded as unjoinable
+    invalid_timestamp: int = 0  # from the future, or before its query: recorded as unjoinable
     refused: int = 0  # wasted joins: joined here, refused by the registry
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    # Click time minus query time of the clicks joined (window advice, Facebook §6.5): p50, p99, max.
+    delay_seconds: dict[str, float] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
-        return {k: v for k, v in asdict(self).items() if k != "phase_seconds"}
+        return {k: v for k, v in asdict(self).items() if k not in ("phase_seconds", "delay_seconds")}
 
     def timed(self, phase: str, started: float) -> float:
         now = time.monotonic()
@@ -89,6 +99,37 @@ class JoinStats:
 def labelled(df: DataFrame, outcome: str, status: str | None) -> DataFrame:
     """One (outcome, registry status) row per row of `df`, for counting."""
     return df.select(F.lit(outcome).alias("outcome"), F.lit(status).cast("string").alias("status"))
+
+
+def join_delays(adapted: Path) -> dict[str, float]:
+    """p50, p99 and max of click time minus query time over the staged joined pairs, read from the
+    Parquet files directly (no Spark job); empty if the adapter dropped the query's time."""
+    try:
+        table = ds.dataset(str(adapted), format="parquet").to_table(
+            columns={"click_us": ds.field("timestamp_us"), "query_us": ds.field("query", "timestamp_us")})
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
+        return {}
+    delays = pc.subtract(table["click_us"], table["query_us"]).drop_null().to_numpy() / 1e6
+    if not len(delays):
+        return {}
+    p50, p99 = np.percentile(delays, [50, 99])
+    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "max": round(float(delays.max()), 3)}
+
+
+def window_advice(delay_seconds: dict[str, float], window_seconds: float) -> str | None:
+    """One sentence on the join window (how long a click waits for its query before it is given
+    up, `unjoinable_after_seconds`) against the delays seen: twice the largest delay would do."""
+    if not delay_seconds or window_seconds <= 0:
+        return None
+    p99, largest = delay_seconds["p99"], delay_seconds["max"]
+    said = f"p99 delay {p99:.0f} s is {p99 / window_seconds:.1%} of the {duration(window_seconds)} join window"
+    if 2 * largest < window_seconds:
+        return f"{said}: it could be cut to {duration(max(2 * largest, 60))} (twice the largest delay, {largest:.0f} s)"
+    return f"{said}: the largest delay, {largest:.0f} s, is over half of it; keep it or widen it"
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds / 60:.3g} min"
 
 
 def click_columns(clicks: DataFrame) -> DataFrame:
@@ -115,9 +156,11 @@ def join_work_unit(
     retrying_pending: bool = False,
     adapter: Adapter = default_adapter,
     checkpoint: Callable[[str], None] = lambda point: None,
+    validity: TimestampValidity | None = None,
 ) -> JoinStats:
     """`clicks`: parsed click events (any duplicates), pending clicks being retried, or both
-    (`retrying_pending`; pending clicks carry their `attempts`)."""
+    (`retrying_pending`; pending clicks carry their `attempts`). `validity`: the timestamp rules
+    (spark_ops/validity.py); None judges no timestamp."""
     stats = JoinStats()
     mark = time.monotonic()
     staging.mkdir(parents=True, exist_ok=True)
@@ -139,10 +182,19 @@ def join_work_unit(
         ).select("click_id")
         too_old_seen = registered.where(F.col("status") == "too_old").select("click_id")
         candidates = clicks.join(taken.unionByName(too_old_seen), "click_id", "left_anti")
+        invalid = candidates.limit(0).select(*click_fields, F.lit(None).cast("string").alias("reason"))
+        if validity is not None:
+            future = validity.from_future(F.col("timestamp_us"))
+            invalid = candidates.where(future).select(*click_fields, F.lit(FUTURE_REASON).alias("reason"))
+            candidates = candidates.where(~future)
         mark = stats.timed("lookup", mark)
 
         # 2. EventStore lookup; what neither tier has is judged by the pending policy.
         found, not_found = event_store.lookup(candidates)
+        if validity is not None:
+            early = validity.before_query(F.col("timestamp_us"), F.col("query.timestamp_us"))
+            invalid = invalid.unionByName(found.where(early).select(*click_fields, F.lit(BEFORE_QUERY_REASON).alias("reason")))
+            found = found.where(~early)
         judged = materialize(pending.judge(not_found, token), staging / "judged")
         mark = stats.timed("eventstore", mark)
 
@@ -157,7 +209,11 @@ def join_work_unit(
         )
         still_pending = judged.where(~F.col("give_up"))
         given_up = judged.where("give_up").select(*click_fields, "reason", F.lit("given_up").alias("outcome"))
-        unjoinable = materialize(dropped.unionByName(given_up), staging / "unjoinable")
+        unjoinable = materialize(
+            dropped.unionByName(given_up).unionByName(invalid.select("*", F.lit("invalid").alias("outcome"))),
+            staging / "unjoinable",
+        )
+        stats.delay_seconds = join_delays(staging / "adapted")
         mark = stats.timed("adapter", mark)
 
         # 4. Conditional commit of every id this work unit resolves.
@@ -193,6 +249,7 @@ def join_work_unit(
         stats.dropped_by_adapter = count("dropped")
         stats.given_up = count("given_up", "held")
         stats.too_old = count(status="too_old")
+        stats.invalid_timestamp = count("invalid", "held")
         stats.refused = count(status="refused")
         mark = stats.timed("counts", mark)
 
@@ -207,7 +264,7 @@ def join_work_unit(
                 F.lit(token).alias("work_unit"),
             )
             write_output(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id", token, attempt)
-        if stats.too_old or count("dropped", "held") or stats.given_up:
+        if stats.too_old or count("dropped", "held") or stats.given_up or stats.invalid_timestamp:
             unjoinable_rows = (
                 unjoinable.join(winners, "click_id", "left_semi")
                 .select(*click_fields, "reason")

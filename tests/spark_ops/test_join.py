@@ -9,10 +9,11 @@ from resources.registry_shards import ShardedIdRegistry
 from resources.stream_state import QueryProgress, WriterProgress
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import ingest_queries, line_stats
-from spark_ops.join import CRASH_POINTS, join_work_unit
+from spark_ops.join import CRASH_POINTS, join_work_unit, window_advice
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy
 from spark_ops.tables import read_table
+from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, TimestampValidity
 from tests.conftest import click, query, write_lines
 
 QUERIES = [query(f"10.1.0.1:7:{1000 + i}", 1000 + i) for i in range(6)]
@@ -80,6 +81,17 @@ def test_clean_run_joins_each_click_once(world):
     assert row.query.query_id == "10.1.0.1:7:1003" and row.query.ads[0].bid_micros == 500
     assert row.joined_by_dc == "dc1" and row.work_unit == "dc1.click.0"
     assert world["registry"].stats()["total"]["ids_with_token"] == 0  # output durable: tokens cleared
+    # Window advice: every click came 1000-1004 us after its query.
+    assert stats.delay_seconds == {"p50": 0.001, "p99": 0.001, "max": 0.001}
+
+
+def test_window_advice_compares_the_delays_with_the_join_window():
+    assert window_advice({}, 86400) is None
+    assert window_advice({"p50": 20.0, "p99": 900.0, "max": 1800.0}, 86400) == (
+        "p99 delay 900 s is 1.0% of the 24 h join window: it could be cut to 1 h (twice the largest delay, 1800 s)")
+    assert window_advice({"p50": 20.0, "p99": 3000.0, "max": 3500.0}, 3600) == (
+        "p99 delay 3000 s is 83.3% of the 1 h join window: the largest delay, 3500 s, is over half of it; "
+        "keep it or widen it")
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
@@ -133,3 +145,47 @@ def test_adapter_drops_become_unjoinable_exactly_once(world):
     unjoinable = read_table(world["spark"], "unjoinable_clicks", world["tables"]["unjoinable_clicks"]).collect()
     assert [(r.click_id, r.reason) for r in unjoinable] == [("10.3.0.1:9:2009", "dropped by adapter")]
     assert "10.3.0.1:9:2009" not in joined_ids(world)
+
+
+def test_absurd_timestamps_are_unjoinable_at_once_and_alike_in_every_attempt(world):
+    """Timestamp validity (spark_ops/validity.py): a click from the future and a click before its
+    query are resolved as unjoinable with their reason, not left pending; a retry judges alike."""
+    spark, tmp = world["spark"], world["tmp"]
+    lines = [
+        click("10.3.0.2:1:1", "10.1.0.1:7:1001", 1001 - 500),  # 500 us before its query
+        click("10.3.0.2:1:2", "10.1.0.1:8:404", 10**15),  # far ahead of the clock below
+        click("10.3.0.2:1:3", "10.1.0.1:7:1002", 1002 + 50),  # valid
+    ]
+    path = write_lines(tmp / "logs" / "dc1" / "click" / "w" / "absurd.jsonl", lines)
+    clicks = events(parse_ranges(spark, "click", tmp / "logs" / "dc1" / "click", [ByteRange("w/absurd.jsonl", 0, path.stat().st_size)]))
+    validity = TimestampValidity(clock_us=5000, future_tolerance_us=1000, before_query_tolerance_us=100)
+
+    def attempt(n, checkpoint=lambda point: None):
+        return join_work_unit(spark, clicks, event_store(world), world["registry"], "dc1.click.9", n, "dc1",
+                              tmp / "staging" / f"absurd{n}", world["tables"], policy(world), checkpoint=checkpoint,
+                              validity=validity)
+
+    def crash(point):
+        if point == "after_output_write":
+            raise Crash(point)
+
+    with pytest.raises(Crash):
+        attempt(1, crash)
+    stats = attempt(2)
+    assert (stats.joined, stats.invalid_timestamp, stats.pending) == (1, 2, 0)
+    unjoinable = read_table(spark, "unjoinable_clicks", world["tables"]["unjoinable_clicks"]).collect()
+    assert sorted((r.click_id, r.reason) for r in unjoinable) == [
+        ("10.3.0.2:1:1", BEFORE_QUERY_REASON), ("10.3.0.2:1:2", FUTURE_REASON)]
+    assert joined_ids(world) == ["10.3.0.2:1:3"]
+    assert world["registry"].stats()["total"]["ids_registered"] == 3
+
+
+def test_future_events_move_no_progress(world):
+    spark, tmp = world["spark"], world["tmp"]
+    path = write_lines(tmp / "logs" / "dc1" / "query" / "w" / "future.jsonl",
+                       [query("10.1.0.9:1:1", 3000), query("10.1.0.9:1:2", 10**15), query("10.1.0.8:1:1", 10**15)])
+    parsed = parse_ranges(spark, "query", tmp / "logs" / "dc1" / "query", [ByteRange("w/future.jsonl", 0, path.stat().st_size)])
+    stats = line_stats(parsed, by_writer=True, latest_valid_us=5000)
+    assert (stats.events, stats.future_events, stats.max_timestamp_us) == (3, 2, 3000)
+    # A writer seen only in the future has no progress at all.
+    assert stats.writers == {"10.1.0.9:1": (3000, 3000)}
