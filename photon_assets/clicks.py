@@ -20,12 +20,12 @@ from resources.stream_state import PendingDigest, QueryCache, QueryProgress, pen
 from spark_ops.aggregates import aggregate_clicks, refresh_aggregates
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
-from spark_ops.validity import TimestampValidity
 from spark_ops.join import JoinStats, click_columns, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events, parse_ranges
 from spark_ops.pending import PendingPolicy
 from spark_ops.tables import ensure_table, latest_snapshot, overwrite, read_table, row_count, table_lock
+from spark_ops.validity import TimestampValidity
 
 
 def pending_policy(progress: QueryProgress, settings: PipelineSettings) -> PendingPolicy:

@@ -1,7 +1,8 @@
 """Dispatchers (Photon §3.2): sensors that tail a datacenter's logs and launch one run per work unit.
 
 Per datacenter: a query log dispatcher, a click log dispatcher, and a pending-click dispatcher that
-retries clicks still waiting for their query once new query data has been ingested.
+retries clicks still waiting for their query once new query data has been ingested. With several
+replicas, the click log dispatcher cuts only its datacenter's share (sensors/ownership.py).
 
 Cursors are small JSON documents with a version field. The byte offsets themselves live in the
 work unit log (sensors/work_units.py), written before the runs are requested; the cursor records
@@ -181,7 +182,8 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         description=f"Tails logs/{dc}/{stream}/: new complete lines become work units (one run each); "
         "failed work units are retried under a new run key with backoff."
         + (" Click lines ahead of the query stream's progress wait while query data is being ingested "
-           "(pacing)." if stream == "click" else ""),
+           "(pacing). With several replicas, only this datacenter's share of the click files, and the "
+           "share of one whose lease lapsed (sensors/ownership.py)." if stream == "click" else ""),
     )
     def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings,
                     registry: IdRegistryResource) -> dg.SensorResult:
