@@ -15,7 +15,8 @@
 3. Outage and catch-up (Photon Figure 13): the same workload with replication to dc2 stopped
    (`--replication-lag dc2=inf`); dc1 processes the whole backlog alone; replication resumes
    (`photon replicate --to dc2`) and dc2 catches up through the same backlog, skipping the ranges
-   dc1 finished without reading them. `catch_up_speedup`: dc1's time over dc2's.
+   dc1 finished without reading them. `catch_up_speedup`: dc1's time over dc2's. Then dc2 once more
+   with nothing to do: the floor of any catch-up (`catch_up_speedup_ceiling`).
 
 Writes benchmarks/results/<date>-datacenters.json and prints a summary.
 """
@@ -96,6 +97,7 @@ def dc_row(summary: dict, dc: str) -> dict:
         "joined": joiner["joined"],
         "wasted_joins": joiner["refused"],
         "checks_passed": all(summary["verification"].values()),
+        "run_median_seconds": {kind: cost.get("median_seconds") for kind, cost in summary.get("run_cost", {}).items()},
     }
 
 
@@ -187,6 +189,8 @@ def outage_and_catch_up(work: Path, gen: list[str]) -> dict:
         first = dc_row(finish(*start_run(data, "dc1", registry.address)), "dc1")
         command("replicate", "--data-dir", str(data), "--to", "dc2")
         catch_up = dc_row(finish(*start_run(data, "dc2", registry.address)), "dc2")
+        # The floor of a catch-up: `photon run` with nothing left to do (start, passes, verification).
+        idle = dc_row(finish(*start_run(data, "dc2", registry.address)), "dc2")
     finally:
         registry.stop()
     return {
@@ -194,6 +198,8 @@ def outage_and_catch_up(work: Path, gen: list[str]) -> dict:
         "catch_up": catch_up,
         "catch_up_ratio": round(catch_up["wall_seconds"] / first["wall_seconds"], 3),
         "catch_up_speedup": round(first["wall_seconds"] / catch_up["wall_seconds"], 2),
+        "idle_run": idle,
+        "catch_up_speedup_ceiling": round(first["wall_seconds"] / idle["wall_seconds"], 2),
         "catch_up_skipped_share": round(catch_up["skipped_registered"] / catch_up["clicks_looked_up"], 4)
         if catch_up["clicks_looked_up"] else None,
     }
