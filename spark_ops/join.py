@@ -182,10 +182,10 @@ def join_work_unit(
         ).select("click_id")
         too_old_seen = registered.where(F.col("status") == "too_old").select("click_id")
         candidates = clicks.join(taken.unionByName(too_old_seen), "click_id", "left_anti")
-        invalid = candidates.limit(0).select(*click_fields, F.lit(None).cast("string").alias("reason"))
+        invalid = []  # clicks with an absurd timestamp, with their reason
         if validity is not None:
             future = validity.from_future(F.col("timestamp_us"))
-            invalid = candidates.where(future).select(*click_fields, F.lit(FUTURE_REASON).alias("reason"))
+            invalid.append(candidates.where(future).select(*click_fields, F.lit(FUTURE_REASON).alias("reason")))
             candidates = candidates.where(~future)
         mark = stats.timed("lookup", mark)
 
@@ -193,7 +193,7 @@ def join_work_unit(
         found, not_found = event_store.lookup(candidates)
         if validity is not None:
             early = validity.before_query(F.col("timestamp_us"), F.col("query.timestamp_us"))
-            invalid = invalid.unionByName(found.where(early).select(*click_fields, F.lit(BEFORE_QUERY_REASON).alias("reason")))
+            invalid.append(found.where(early).select(*click_fields, F.lit(BEFORE_QUERY_REASON).alias("reason")))
             found = found.where(~early)
         judged = materialize(pending.judge(not_found, token), staging / "judged")
         mark = stats.timed("eventstore", mark)
@@ -209,10 +209,10 @@ def join_work_unit(
         )
         still_pending = judged.where(~F.col("give_up"))
         given_up = judged.where("give_up").select(*click_fields, "reason", F.lit("given_up").alias("outcome"))
-        unjoinable = materialize(
-            dropped.unionByName(given_up).unionByName(invalid.select("*", F.lit("invalid").alias("outcome"))),
-            staging / "unjoinable",
-        )
+        unjoinable = dropped.unionByName(given_up)
+        for part in invalid:
+            unjoinable = unjoinable.unionByName(part.select("*", F.lit("invalid").alias("outcome")))
+        unjoinable = materialize(unjoinable, staging / "unjoinable")
         stats.delay_seconds = join_delays(staging / "adapted")
         mark = stats.timed("adapter", mark)
 
