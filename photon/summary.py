@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import time
 
 import dagster as dg
 from pyspark.sql import functions as F
@@ -10,7 +11,9 @@ from photon_assets.work_unit import work_units_failed_for_good
 from resources.layout import TABLES, DataLayout
 from resources.registry import registry_resource_from_env
 from resources.spark import spark_session
+from resources.stream_state import EventTimeWatermark
 from spark_ops.handoff import unstage
+from spark_ops.join import CAPPED_REASON
 from spark_ops.tables import read_table
 
 
@@ -31,6 +34,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
         distinct = ledger.select("click_id").distinct()
         distinct_clicks = distinct.count()
         quarantined = read_table(spark, "quarantined_lines", tables["quarantined_lines"])
+        by_reason = {r["reason"]: r["count"] for r in unjoinable.groupBy("reason").count().collect()}
         summary = {
             "clicks_seen": seen,
             "distinct_clicks": distinct_clicks,
@@ -38,11 +42,14 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
             # Clicks too old for the registry are unjoinable without being registered.
             "clicks_pending": distinct.join(registered, "click_id", "left_anti")
             .join(unjoinable.select("click_id"), "click_id", "left_anti").count(),
-            "clicks_unjoinable": unjoinable.count(),
+            "clicks_unjoinable": sum(by_reason.values()),
+            "unjoinable_by_reason": by_reason,
+            "clicks_capped": by_reason.get(CAPPED_REASON, 0),
             "duplicate_click_lines": seen - distinct_clicks,
             "quarantined_lines": quarantined.select("stream", "file", "offset").distinct().count(),
             "queries_ingested": read_table(spark, "query_logs", tables["query_logs"]).where(in_scope).count(),
             "datacenters": datacenters,
+            "watermarks": watermarks(layout, datacenters),
             "failed_work_units": sorted(work_units_failed_for_good(instance)),
             **materialization_totals(instance, datacenters),
             "run_cost": run_costs(instance, datacenters),
@@ -51,6 +58,18 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
         ledger.unpersist()
         shutil.rmtree(staged, ignore_errors=True)
     return summary
+
+
+def watermarks(layout: DataLayout, datacenters: list[str]) -> dict:
+    """Per datacenter and stream: the event-time watermark, its lag behind the wall clock, and its
+    accuracy over every pass so far (resources/watermark.py)."""
+    now_us = time.time_ns() // 1000
+    marks = {dc: {stream: EventTimeWatermark.load(layout.watermark_file(dc, stream)) for stream in ("query", "click")}
+             for dc in datacenters}
+    return {dc: {stream: {"watermark_us": mark.watermark_us, "lag_seconds": mark.lag_seconds(now_us),
+                          "accuracy": mark.accuracy, "window_passes": mark.window_passes}
+                 for stream, mark in by_stream.items()}
+            for dc, by_stream in marks.items()}
 
 
 EVENT_STORE_KEYS = ("cache_hits", "logs_hits", "not_found", "not_ingested_yet", "logs_ranges_read", "logs_bytes_read")

@@ -20,10 +20,12 @@ from pyspark.sql import functions as F
 
 from photon_assets.work_unit import work_units_finished_since, work_units_in_flight
 from resources.registry import IdRegistryResource
+from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import aggregate_clicks
 from spark_ops.handoff import unstage
+from spark_ops.join import CAPPED_REASON
 from spark_ops.tables import latest_snapshot, read_table
 from spark_ops.verification import confirmed_tokens, settled_ids, unresolved_ids
 
@@ -189,6 +191,31 @@ def aggregates_match_joined_clicks(
     )
 
 
+@dg.asset_check(
+    asset="joined_clicks",
+    description="No query has more joined clicks than max_clicks_per_query (when set); clicks past it "
+    "are in unjoinable_clicks with reason capped. Reports the largest query's joined clicks either way.",
+)
+def joined_clicks_within_query_cap(
+    spark: SparkResource, warehouse: WarehouseResource, settings: PipelineSettings,
+) -> dg.AssetCheckResult:
+    session = spark.session()
+    tables = warehouse.tables()
+    cap = settings.max_clicks_per_query
+    per_query = read_table(session, "joined_clicks", tables["joined_clicks"]).groupBy("query_id").count()
+    row = per_query.agg(
+        F.max("count").alias("largest"),
+        F.count_if((F.col("count") > cap) & F.lit(cap > 0)).alias("over"),
+    ).first()
+    capped = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]).where(
+        F.col("reason") == CAPPED_REASON).count()
+    return dg.AssetCheckResult(
+        passed=row["over"] == 0,
+        metadata={"max_clicks_per_query": cap, "largest_query_joined_clicks": row["largest"] or 0,
+                  "queries_over_cap": row["over"], "clicks_capped": capped},
+    )
+
+
 def joined_clicks_freshness(fresh_within_seconds: float) -> list[dg.AssetChecksDefinition]:
     """Fails when joined_clicks has not been materialized for `fresh_within_seconds`: under live
     logs every click pass materializes it. It judges the pipeline's liveness, not the tables'
@@ -205,4 +232,5 @@ def joined_clicks_freshness(fresh_within_seconds: float) -> list[dg.AssetChecksD
         ))
 
 
-ALL_CHECKS = [joined_clicks_unique, clicks_accounted_for, registry_matches_output, aggregates_match_joined_clicks]
+ALL_CHECKS = [joined_clicks_unique, clicks_accounted_for, registry_matches_output, aggregates_match_joined_clicks,
+              joined_clicks_within_query_cap]

@@ -10,13 +10,14 @@ from pyspark.sql import functions as F
 
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
 from photon_assets.table_metadata import column_schema, table_uri
+from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import LOG_RANGES, PENDING, TAG_DC, WorkUnitConfig, run_start_costs
 from resources import faults
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from resources.stream_state import PendingDigest, QueryCache, QueryProgress, pending_retry_decision
+from resources.stream_state import EventTimeWatermark, PendingDigest, QueryCache, QueryProgress, pending_retry_decision
 from spark_ops.aggregates import aggregate_clicks, refresh_aggregates
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
@@ -99,6 +100,7 @@ def join_clicks(
         meter.phase("spark_session")
         tables = warehouse.tables()
         ingest, stats, digest = join_pass(config, session, warehouse, registry, settings, tables, meter)
+        watermark = pass_watermark(warehouse, settings, config.dc, "click", config.work_unit, ingest)
         common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
         ledger_rows = row_count(session, "click_ledger", tables["click_ledger"])
         joined_rows = row_count(session, "joined_clicks", tables["joined_clicks"])
@@ -116,6 +118,7 @@ def join_clicks(
             "click_lines": ingest.events,
             "quarantined_lines": ingest.quarantined,
             "bytes_read": ingest.bytes_read,
+            **watermark_metadata(watermark),
         },
     )
     lag = None if ingest.max_timestamp_us is None else time.time() - ingest.max_timestamp_us / 1e6
@@ -152,7 +155,7 @@ def join_clicks(
             **table_uri(tables, "unjoinable_clicks"),
             **common,
             "dagster/row_count": unjoinable_rows,
-            "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old + stats.invalid_timestamp,
+            "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old + stats.invalid_timestamp + stats.capped,
         },
     )
 
@@ -188,7 +191,8 @@ def join_pass(
             parsed = parse_ranges(
                 session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
             ).persist(StorageLevel.MEMORY_AND_DISK)
-            ingest = ingest_clicks(parsed, config.dc, config.work_unit, config.attempt, tables, validity.latest_valid_us)
+            ingest = ingest_clicks(parsed, config.dc, config.work_unit, config.attempt, tables, validity.latest_valid_us,
+                                   EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
             clicks = click_columns(events(parsed))
             # Pending clicks that query data arrived for are retried here rather than by a run of
             # their own: a live pass then pays one click run's fixed cost, not two.
@@ -214,6 +218,7 @@ def join_pass(
             adapter=load_adapter(settings.adapter),
             checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
             validity=validity,
+            max_clicks_per_query=settings.max_clicks_per_query,
         )
     finally:
         if parsed is not None:

@@ -8,11 +8,12 @@ from pyspark import StorageLevel
 
 from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri
+from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, run_start_costs
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from resources.stream_state import QueryCache, QueryProgress
+from resources.stream_state import EventTimeWatermark, QueryCache, QueryProgress
 from spark_ops.event_store import evict_from_cache
 from spark_ops.ingest import IngestStats, ingest_queries, line_stats
 from spark_ops.meter import PassMeter, metered
@@ -62,6 +63,7 @@ def ingest_query_logs(
         meter.phase("spark_session")
         tables = warehouse.tables()
         stats, boundary, entries_added = ingest_pass(config, session, warehouse, settings, tables, meter)
+        watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
         evicted, scanned = evict_pass(config, session, warehouse, settings, tables, boundary, stats)
         meter.phase("evict")
         cached_rows = row_count(session, "query_logs", tables["query_logs"])
@@ -89,6 +91,7 @@ def ingest_query_logs(
             "cache_eviction_scanned": scanned,
             **({"cache_since_us": boundary} if boundary is not None else {}),
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
+            **watermark_metadata(watermark),
             **cost,
         },
     )
@@ -116,10 +119,12 @@ def ingest_pass(
         session, "query", warehouse.stream_dir(config.dc, "query"), config.byte_ranges(), settings.max_line_bytes
     ).persist(StorageLevel.MEMORY_AND_DISK)
     progress_file = warehouse.layout.query_progress_file(config.dc)
+    watermark = EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "query")).watermark_us
     try:
-        # A query from the future is kept, but moves neither progress nor the cache boundary.
+        # A query from the future is kept, but moves neither progress, the watermark nor the cache boundary.
         stats = line_stats(parsed, by_writer=True,
-                           latest_valid_us=config.clock() + int(settings.future_tolerance_seconds * 1e6))
+                           latest_valid_us=config.clock() + int(settings.future_tolerance_seconds * 1e6),
+                           watermark_us=watermark)
         meter.phase("parse")
         newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for _, ts in stats.writers.values())], default=0)
         boundary = cache_boundary_us(newest or None, settings.query_cache_retention_seconds)

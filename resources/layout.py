@@ -44,6 +44,9 @@ class DataLayout:
     def pending_digest_file(self, dc: str) -> Path:
         return self.root / "state" / "streams" / dc / "pending_clicks.json"
 
+    def watermark_file(self, dc: str, stream: str) -> Path:
+        return self.root / "state" / "streams" / dc / f"{stream}_watermark.json"
+
     def query_cache_file(self, dc: str) -> Path:
         return self.root / "state" / "streams" / dc / "query_cache.json"
 

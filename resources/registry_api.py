@@ -87,6 +87,11 @@ class IdRegistry(ABC):
     def work_claims(self, stream: str, files: list[str]) -> list[dict]:
         """Every datacenter's claims on these files."""
 
+    @abstractmethod
+    def grant_clicks(self, wanted: ArrowSource, token: str, cap: int) -> pa.Table:
+        """The per-query click cap (resources/click_caps.py has the semantics): `wanted` has
+        query_id, wanted; the answer query_id, granted."""
+
     def for_executors(self) -> "IdRegistry | None":
         """A picklable client Spark tasks can call directly, or None if the registry lives in this
         process only (then ids travel through the driver)."""

@@ -8,7 +8,8 @@ per-row serialisation; it also ships in the pyarrow wheel we already depend on.
 Protocol:
 - commit, lookup, delete: `do_exchange`; the descriptor command is JSON ({"op": "commit", "token":
   ...}), the client streams the (click_id, timestamp_us) batch and the server answers with the
-  result table (delete: one row, column `deleted`).
+  result table (delete: one row, column `deleted`). grant_clicks (the per-query click cap) likewise,
+  with a (query_id, wanted) batch and {"token", "cap"}.
 - clear_tokens, stats, reshard, gc, and work ownership (heartbeat, claim_work, finish_work,
   work_claims): `do_action` with JSON bodies, answered with one JSON result.
 - scan: `do_get` (any ticket), a stream of every registered id.
@@ -33,7 +34,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from resources.registry_api import ArrowSource, IdRegistry
-from resources.registry_shards import RegistryClosed, ShardedIdRegistry, as_events
+from resources.click_caps import WANTED_SCHEMA
+from resources.registry_shards import EVENTS_SCHEMA, RegistryClosed, ShardedIdRegistry, read_arrow
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,10 @@ class RegistryServer(flight.FlightServerBase):
                 result = self.registry.lookup(events)
             elif op == "delete":
                 result = pa.table({"deleted": pa.array([self.registry.delete(events)], pa.int64())})
+            elif op == "grant_clicks":
+                result = self.registry.grant_clicks(events, command.get("token") or "", int(command.get("cap") or 0))
             else:
-                raise ValueError(f"unknown exchange op {op!r} (commit, lookup, delete)")
+                raise ValueError(f"unknown exchange op {op!r} (commit, lookup, delete, grant_clicks)")
         writer.begin(result.schema)
         writer.write_table(result)
 
@@ -269,8 +273,8 @@ class RemoteIdRegistry(IdRegistry):
                 raise ValueError(first_line(error)) from None
         raise AssertionError("unreachable")
 
-    def _exchange(self, command: dict, events: ArrowSource) -> pa.Table:
-        table = as_events(events)
+    def _exchange(self, command: dict, events: ArrowSource, schema: pa.Schema = EVENTS_SCHEMA) -> pa.Table:
+        table = read_arrow(events, schema)
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
 
         def call(client: flight.FlightClient, options: flight.FlightCallOptions) -> pa.Table:
@@ -330,6 +334,9 @@ class RemoteIdRegistry(IdRegistry):
 
     def work_claims(self, stream: str, files: list[str]) -> list[dict]:
         return self._action("work_claims", {"stream": stream, "files": files})
+
+    def grant_clicks(self, wanted: ArrowSource, token: str, cap: int) -> pa.Table:
+        return self._exchange({"op": "grant_clicks", "token": token, "cap": cap}, wanted, WANTED_SCHEMA)
 
     def close(self) -> None:
         with self._lock:

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from resources.registry_api import ArrowSource, IdRegistry
+from resources.click_caps import WANTED_SCHEMA, ClickCaps
 from resources.work_claims import WorkClaims
 
 log = logging.getLogger(__name__)
@@ -81,18 +82,23 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+def read_arrow(source: ArrowSource, schema: pa.Schema) -> pa.Table:
+    """The columns of `schema` from any Arrow source, as a table of its types."""
+    if isinstance(source, ds.Dataset):
+        table = source.to_table(columns=list(schema.names))
+    elif isinstance(source, pa.RecordBatchReader):
+        table = source.read_all()
+    else:
+        table = source
+    missing = set(schema.names) - set(table.column_names)
+    if missing:
+        raise ValueError(f"registry input lacks column(s) {sorted(missing)}: needs {', '.join(schema.names)}")
+    return table.select(schema.names).cast(schema)
+
+
 def as_events(events: ArrowSource) -> pa.Table:
     """The (click_id, timestamp_us) columns of any Arrow source, as a table of the registry's types."""
-    if isinstance(events, ds.Dataset):
-        table = events.to_table(columns=list(EVENTS_SCHEMA.names))
-    elif isinstance(events, pa.RecordBatchReader):
-        table = events.read_all()
-    else:
-        table = events
-    missing = set(EVENTS_SCHEMA.names) - set(table.column_names)
-    if missing:
-        raise ValueError(f"registry input lacks column(s) {sorted(missing)}: needs click_id, timestamp_us")
-    return table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
+    return read_arrow(events, EVENTS_SCHEMA)
 
 
 def split_sorted(table: pa.Table, column: str, keys: int) -> list[pa.Table]:
@@ -358,6 +364,7 @@ class ShardedIdRegistry(IdRegistry):
             log.warning("registry %s keeps its stored shard configuration %s; ignoring shards=%d",
                         self.directory, self.configuration(), shards)
         self._work = WorkClaims(self.directory / "work.duckdb")
+        self._caps = ClickCaps(self.directory / "caps.duckdb")
         self._shards: dict[int, _Shard] = {}
         self._shards_lock = threading.Lock()
         self._closed = False
@@ -495,6 +502,9 @@ class ShardedIdRegistry(IdRegistry):
     def work_claims(self, stream: str, files: list[str]) -> list[dict]:
         return self._work.claims(stream, files)
 
+    def grant_clicks(self, wanted: ArrowSource, token: str, cap: int) -> pa.Table:
+        return self._caps.grant(read_arrow(wanted, WANTED_SCHEMA), token, cap)
+
     def collect_garbage(self) -> dict:
         """One GC pass on every shard now; returns each shard's boundary and how many ids it deleted."""
         now = now_us()
@@ -540,4 +550,5 @@ class ShardedIdRegistry(IdRegistry):
             shard.close()
         self._meta.close()
         self._work.close()
+        self._caps.close()
         self._hasher.close()

@@ -52,8 +52,14 @@ class PipelineSettings(dg.ConfigurableResource):
     # progress and has been looked up at least this many times.
     unjoinable_after_seconds: float = 86400.0
     unjoinable_min_attempts: int = 2
+    # Event-time watermark (Facebook §5.3, resources/watermark.py): this percentile of the event
+    # times of the most recent window of passes, at the smallest window size (in passes, doubling up
+    # to max_passes held) at which the last `windows` windows ascend.
+    watermark_percentile: float = 5.0
+    watermark_windows: int = 4
+    watermark_max_passes: int = 64
     # Pacing (Facebook §5.2): while query data waits to be ingested, click lines more than the
-    # margin ahead of the query stream's progress are not cut yet (their queries would not be found
+    # margin ahead of the query stream's watermark are not cut yet (their queries would not be found
     # and they would go pending); lines held at the same place for max_hold are released (a bogus
     # future timestamp must not hold a file for good); max_hold 0 turns pacing off.
     pacing_margin_seconds: float = 0.0
@@ -69,6 +75,9 @@ class PipelineSettings(dg.ConfigurableResource):
     future_tolerance_seconds: float = 300.0
     before_query_tolerance_seconds: float = 60.0
     takeover_grace_seconds: float = 120.0
+    # Per-query click cap (Facebook §6.6, resources/click_caps.py): past this many joined clicks, a
+    # query's further clicks are unjoinable with reason "capped". 0: no cap.
+    max_clicks_per_query: int = 0
 
 
 def pipeline_settings() -> PipelineSettings:

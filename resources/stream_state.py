@@ -14,6 +14,8 @@ once); sensors and `photon run` only read them.
   backfills then; the oldest pending click (for the unjoinable age); and when clicks that could be
   joined now come out of their retry backoff.
 - Query cache: bounds of what the datacenter's cache tier holds (see QueryCache).
+- Event-time watermark, per stream: a low watermark of the event times ingested (see
+  EventTimeWatermark). Pacing holds click lines ahead of the query stream's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from resources.watermark import estimate
 
 VERSION = 1
 
@@ -217,3 +221,51 @@ def pending_retry_decision(
         return RetryDecision(False, f"pending clicks in retry backoff for {digest.retry_at - now:.1f} s more",
                              wait_until=digest.retry_at)
     return RetryDecision(False, f"{digest.pending} pending click(s) wait for query data that could hold their queries")
+
+
+@dataclass
+class EventTimeWatermark:
+    """A stream's event-time watermark (resources/watermark.py) and the passes it was estimated from."""
+
+    watermark_us: int | None = None
+    window_passes: int | None = None  # passes per window of the ascending series; None: none found
+    passes: list[list] = field(default_factory=list)  # [work unit, events, sketch], oldest first
+    events: int = 0  # events of every pass so far
+    at_or_after: int = 0  # of them, at or after the watermark when their pass came
+    last_accuracy: float | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> "EventTimeWatermark":
+        doc = _read(path)
+        if doc is None:
+            return cls()
+        doc.pop("v")
+        return cls(**doc)
+
+    @property
+    def accuracy(self) -> float | None:
+        return round(self.at_or_after / self.events, 4) if self.events else None
+
+    def lag_seconds(self, clock_us: int) -> float | None:
+        return None if self.watermark_us is None else round((clock_us - self.watermark_us) / 1e6, 3)
+
+    @classmethod
+    def add_pass(
+        cls, path: Path, work_unit: str, events: int, sketch: list[int] | None, at_or_after: int,
+        percentile: float, windows: int, max_passes: int,
+    ) -> "EventTimeWatermark":
+        """Adds a pass: `events` events (none from the future), `at_or_after` of them at or after the
+        watermark it read first. A retried work unit's pass replaces its earlier attempt's in the
+        estimate (its events count once more in the accuracy)."""
+        with _locked(path):
+            mark = cls.load(path)
+            if not events or sketch is None:
+                return mark
+            mark.last_accuracy = round(at_or_after / events, 4)
+            mark.events += events
+            mark.at_or_after += at_or_after
+            mark.passes = ([p for p in mark.passes if p[0] != work_unit] + [[work_unit, events, sketch]])[-max_passes:]
+            value, mark.window_passes = estimate([(n, s) for _, n, s in mark.passes], percentile, windows)
+            mark.watermark_us = value if mark.watermark_us is None else max(mark.watermark_us, value)
+            _write(path, asdict(mark))
+            return mark

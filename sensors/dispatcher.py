@@ -35,7 +35,7 @@ from photon_assets.work_unit import (
 from resources.layout import DataLayout
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
-from resources.stream_state import PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
+from resources.stream_state import EventTimeWatermark, PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
 from sensors.ownership import Share, share_work
 from sensors.retries import plan_retries
 from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
@@ -113,16 +113,16 @@ def pace_clicks(
     query_waiting: bool, settings: PipelineSettings, now: float,
 ) -> Pacing:
     """Stream synchronisation (Facebook §5.2): while query data that will advance the query
-    stream's progress waits, click lines more than `pacing_margin_seconds` ahead of that progress
-    are not cut yet. Cut now, their queries would not be found and they would take the longer way
+    stream waits, click lines more than `pacing_margin_seconds` ahead of its event-time watermark
+    (resources/watermark.py) are not cut yet. Cut now, their queries would not be found and they would take the longer way
     through pending-click retries. A file's held lines are released once they have been held at
     the same place for `pacing_max_hold_seconds` (a bogus future timestamp must not hold a file for
     good); nothing is held while no query data waits (a stalled or lagging query stream)."""
     if not ranges or settings.pacing_max_hold_seconds <= 0 or not query_waiting:
         return Pacing(ranges, {})
     stream_dir = layout.stream_dir(dc, "click")
-    progress = QueryProgress.load(layout.query_progress_file(dc)).max_ts
-    bound = None if progress is None else progress + int(settings.pacing_margin_seconds * 1e6)
+    watermark = EventTimeWatermark.load(layout.watermark_file(dc, "query")).watermark_us
+    bound = None if watermark is None else watermark + int(settings.pacing_margin_seconds * 1e6)
     cut_ranges, held, released = [], {}, []
     for file, start, end in ranges:
         cut = start if bound is None else event_time_cut(stream_dir / file, start, end, bound, settings.max_line_bytes)
@@ -139,15 +139,15 @@ def pace_clicks(
     if released:
         reason = f"released click lines of {len(released)} file(s) held for {settings.pacing_max_hold_seconds:.0f} s"
     elif held:
-        behind = "have no queries yet" if progress is None else "are behind"
+        behind = "have no queries yet" if watermark is None else "are behind"
         reason = (f"pacing: the query logs of {dc} {behind} the click lines of {len(held)} file(s) "
                   f"(margin {settings.pacing_margin_seconds:.0f} s); holding those lines back")
     else:
         reason = ""
     ahead = None
-    if held and progress is not None:
+    if held and watermark is not None:
         first = earliest_timestamp_us(stream_dir, [(f, o, 0) for f, (o, _) in held.items()], settings.max_line_bytes)
-        ahead = None if first is None else (first - progress) / 1e6
+        ahead = None if first is None else (first - watermark) / 1e6
     return Pacing(cut_ranges, held, reason, ahead)
 
 
@@ -181,7 +181,7 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         default_status=default_status(),
         description=f"Tails logs/{dc}/{stream}/: new complete lines become work units (one run each); "
         "failed work units are retried under a new run key with backoff."
-        + (" Click lines ahead of the query stream's progress wait while query data is being ingested "
+        + (" Click lines ahead of the query stream's event-time watermark wait while query data is being ingested "
            "(pacing). With several replicas, only this datacenter's share of the click files, and the "
            "share of one whose lease lapsed (sensors/ownership.py)." if stream == "click" else ""),
     )

@@ -10,6 +10,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from resources.watermark import SKETCH_FRACTIONS, merged_sketch
 from spark_ops.parse import events, quarantined
 from spark_ops.tables import append_once
 
@@ -22,6 +23,10 @@ class IngestStats:
     future_events: int = 0  # valid, but from the future: they move no timestamp (spark_ops/validity.py)
     bytes_read: int = 0
     max_timestamp_us: int | None = None
+    # For the stream's watermark (resources/watermark.py): the sketch of the event times not from the
+    # future, and how many of those are at or after the watermark the pass read first.
+    sketch: list[int] | None = None
+    at_or_after_watermark: int = 0
     # Per query writer (`server_ip:process_id`) in these lines: its oldest and newest timestamp.
     writers: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -76,11 +81,11 @@ def ingest_queries(
 
 
 def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, attempt: int, tables: dict[str, str],
-                  latest_valid_us: int | None = None) -> IngestStats:
+                  latest_valid_us: int | None = None, watermark_us: int | None = None) -> IngestStats:
     """Records the work unit's click lines in the ledger and quarantine. The caller persists
     `parsed` and joins its events next."""
     append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"], work_unit, attempt)
-    stats = line_stats(parsed, latest_valid_us=latest_valid_us)
+    stats = line_stats(parsed, latest_valid_us=latest_valid_us, watermark_us=watermark_us)
     _quarantine(parsed, stats, dc, "click", work_unit, attempt, tables)
     return stats
 
@@ -93,13 +98,16 @@ def _quarantine(parsed: DataFrame, stats: IngestStats, dc: str, stream: str, wor
                     tables["quarantined_lines"], work_unit, attempt)
 
 
-def line_stats(parsed: DataFrame, by_writer: bool = False, latest_valid_us: int | None = None) -> IngestStats:
-    """Counts of a work unit's parsed lines, in one Spark job; with `by_writer` (query lines) also
-    each writer's oldest and newest timestamp. One row per writer reaches the driver. Events after
-    `latest_valid_us` (from the future: spark_ops/validity.py) are counted but move no timestamp."""
+def line_stats(parsed: DataFrame, by_writer: bool = False, latest_valid_us: int | None = None,
+               watermark_us: int | None = None) -> IngestStats:
+    """Counts of a work unit's parsed lines and the sketch of their event times, in one Spark job;
+    with `by_writer` (query lines) also each writer's oldest and newest timestamp. One row per
+    writer reaches the driver. Events after `latest_valid_us` (from the future:
+    spark_ops/validity.py) are counted but move no timestamp."""
     keys = ["server_ip", "process_id"] if by_writer else []
     is_event = F.col("reason").isNull()
     in_time = is_event if latest_valid_us is None else is_event & (F.col("timestamp_us") <= latest_valid_us)
+    at_or_after = in_time if watermark_us is None else in_time & (F.col("timestamp_us") >= watermark_us)
     rows = (
         parsed.groupBy(*keys)
         .agg(
@@ -109,12 +117,15 @@ def line_stats(parsed: DataFrame, by_writer: bool = False, latest_valid_us: int 
             F.count_if(is_event & ~in_time).alias("future"),
             F.min(F.when(in_time, F.col("timestamp_us"))).alias("min_ts"),
             F.max(F.when(in_time, F.col("timestamp_us"))).alias("max_ts"),
+            F.percentile_approx(F.when(in_time, F.col("timestamp_us")), SKETCH_FRACTIONS).alias("sketch"),
+            F.count_if(at_or_after).alias("at_or_after"),
         )
         .collect()
     )
     lines = sum(r["lines"] for r in rows)
     valid = sum(r["events"] for r in rows)
     newest = [r["max_ts"] for r in rows if r["max_ts"] is not None]
+    sketches = [(r["events"] - r["future"], r["sketch"]) for r in rows if r["sketch"] is not None]
     return IngestStats(
         lines=lines,
         events=valid,
@@ -122,6 +133,8 @@ def line_stats(parsed: DataFrame, by_writer: bool = False, latest_valid_us: int 
         future_events=sum(r["future"] for r in rows),
         bytes_read=sum(r["bytes_read"] for r in rows),
         max_timestamp_us=max(newest, default=None),
+        sketch=None if not sketches else sketches[0][1] if len(sketches) == 1 else merged_sketch(sketches),
+        at_or_after_watermark=sum(r["at_or_after"] for r in rows),
         writers={f"{r['server_ip']}:{r['process_id']}": (r["min_ts"], r["max_ts"])
                  for r in rows if by_writer and r["max_ts"] is not None},
     )

@@ -9,7 +9,9 @@ One call processes one work unit's clicks:
    are given up (spark_ops/pending.py);
    clicks with an absurd timestamp (from the future, or before their query) are resolved as
    unjoinable at once (spark_ops/validity.py);
-3. adapter: business logic over (click, query) pairs; it may alter or drop rows;
+3. adapter: business logic over (click, query) pairs; it may alter or drop rows; then the
+   per-query cap, when set: clicks of a query past its grant from the registry are unjoinable as
+   capped (Facebook §6.6, resources/click_caps.py);
 4. conditional commit of the surviving ids (and of dropped and given-up ones, recorded as
    unjoinable) with the work unit's token;
 5. the winners are written to `joined_clicks` / `unjoinable_clicks` (appended by a first attempt,
@@ -33,14 +35,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from resources.registry import IdRegistry
 from spark_ops.event_store import EventStore
 from spark_ops.handoff import materialize
 from spark_ops.pending import PendingPolicy, update_pending
-from spark_ops.registry_calls import commit_ids, lookup_ids
+from spark_ops.registry_calls import commit_ids, grant_clicks, lookup_ids
 from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
 from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, TimestampValidity
 
@@ -64,6 +66,7 @@ def load_adapter(spec: str) -> Adapter:
 
 
 TOO_OLD_REASON = "older than the registry's garbage-collection boundary"
+CAPPED_REASON = "capped: its query reached max_clicks_per_query"
 
 
 @dataclass
@@ -82,6 +85,7 @@ class JoinStats:
     given_up: int = 0  # pending too long: recorded as unjoinable
     too_old: int = 0  # older than the registry's GC boundary: recorded as unjoinable
     invalid_timestamp: int = 0  # from the future, or before its query: recorded as unjoinable
+    capped: int = 0  # past its query's click cap: recorded as unjoinable
     refused: int = 0  # wasted joins: joined here, refused by the registry
     phase_seconds: dict[str, float] = field(default_factory=dict)
     # Click time minus query time of the clicks joined (window advice, Facebook §6.5): p50, p99, max.
@@ -132,6 +136,19 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds / 60:.3g} min"
 
 
+def cap_clicks(spark: SparkSession, registry: IdRegistry, adapted: DataFrame, token: str, cap: int,
+               staging: Path) -> tuple[DataFrame, DataFrame]:
+    """The joined pairs within their query's grant from the registry (at most `cap` clicks per
+    query over every work unit), and the click_ids past it. A query's earliest clicks, by
+    (timestamp_us, click_id), are kept: every attempt of the unit, granted the same, keeps the same."""
+    wanted = adapted.groupBy("query_id").agg(F.count("*").alias("wanted"))
+    granted = grant_clicks(spark, registry, wanted, token, cap, staging / "grants")
+    ranked = adapted.join(granted, "query_id").withColumn(
+        "rank", F.row_number().over(Window.partitionBy("query_id").orderBy("timestamp_us", "click_id")))
+    within = materialize(ranked.where(F.col("rank") <= F.col("granted")).select(*adapted.columns), staging / "within_cap")
+    return within, ranked.where(F.col("rank") > F.col("granted")).select("click_id")
+
+
 def click_columns(clicks: DataFrame) -> DataFrame:
     """The click fields as the output tables name them, and the lookups made before (0 if none)."""
     attempts = F.col("attempts") if "attempts" in clicks.columns else F.lit(0)
@@ -157,10 +174,11 @@ def join_work_unit(
     adapter: Adapter = default_adapter,
     checkpoint: Callable[[str], None] = lambda point: None,
     validity: TimestampValidity | None = None,
+    max_clicks_per_query: int = 0,
 ) -> JoinStats:
     """`clicks`: parsed click events (any duplicates), pending clicks being retried, or both
     (`retrying_pending`; pending clicks carry their `attempts`). `validity`: the timestamp rules
-    (spark_ops/validity.py); None judges no timestamp."""
+    (spark_ops/validity.py); None judges no timestamp. `max_clicks_per_query`: 0 caps nothing."""
     stats = JoinStats()
     mark = time.monotonic()
     staging.mkdir(parents=True, exist_ok=True)
@@ -210,10 +228,17 @@ def join_work_unit(
         still_pending = judged.where(~F.col("give_up"))
         given_up = judged.where("give_up").select(*click_fields, "reason", F.lit("given_up").alias("outcome"))
         unjoinable = dropped.unionByName(given_up)
+        joined_pairs = staging / "adapted"
+        if max_clicks_per_query > 0:
+            adapted, capped = cap_clicks(spark, registry, adapted, token, max_clicks_per_query, staging)
+            joined_pairs = staging / "within_cap"
+            unjoinable = unjoinable.unionByName(
+                found.join(capped, "click_id", "left_semi")
+                .select(*click_fields, F.lit(CAPPED_REASON).alias("reason"), F.lit("capped").alias("outcome")))
         for part in invalid:
             unjoinable = unjoinable.unionByName(part.select("*", F.lit("invalid").alias("outcome")))
         unjoinable = materialize(unjoinable, staging / "unjoinable")
-        stats.delay_seconds = join_delays(staging / "adapted")
+        stats.delay_seconds = join_delays(joined_pairs)
         mark = stats.timed("adapter", mark)
 
         # 4. Conditional commit of every id this work unit resolves.
@@ -250,6 +275,7 @@ def join_work_unit(
         stats.given_up = count("given_up", "held")
         stats.too_old = count(status="too_old")
         stats.invalid_timestamp = count("invalid", "held")
+        stats.capped = count("capped", "held")
         stats.refused = count(status="refused")
         mark = stats.timed("counts", mark)
 
@@ -264,7 +290,7 @@ def join_work_unit(
                 F.lit(token).alias("work_unit"),
             )
             write_output(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id", token, attempt)
-        if stats.too_old or count("dropped", "held") or stats.given_up or stats.invalid_timestamp:
+        if stats.too_old or count("dropped", "held") or stats.given_up or stats.invalid_timestamp or stats.capped:
             unjoinable_rows = (
                 unjoinable.join(winners, "click_id", "left_semi")
                 .select(*click_fields, "reason")

@@ -27,11 +27,12 @@ LOOKUP_ANSWER = T.StructType(
     ]
 )
 COMMIT_ANSWER = T.StructType([T.StructField("click_id", T.StringType()), T.StructField("status", T.StringType())])
+GRANT_ANSWER = T.StructType([T.StructField("query_id", T.StringType()), T.StructField("granted", T.LongType())])
+ARROW_TYPES = {T.StringType(): pa.string(), T.LongType(): pa.int64()}
 
 
 def _typed(answer: pa.Table, schema: T.StructType) -> pa.Table:
-    names = schema.fieldNames()
-    return answer.select(names).cast(pa.schema([pa.field(name, pa.string()) for name in names]))
+    return answer.select(schema.fieldNames()).cast(pa.schema([pa.field(f.name, ARROW_TYPES[f.dataType]) for f in schema]))
 
 
 def _per_partition(call, schema: T.StructType):
@@ -64,3 +65,16 @@ def commit_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, token:
         answer = ids.mapInArrow(_per_partition(lambda t: remote.commit(t, token), COMMIT_ANSWER), COMMIT_ANSWER)
         return materialize(answer, staging / "answer")
     return _via_driver(spark, registry.commit(stage(ids, staging / "ids"), token), COMMIT_ANSWER, staging / "answer")
+
+
+def grant_clicks(spark: SparkSession, registry: IdRegistry, wanted: DataFrame, token: str, cap: int,
+                 staging: Path) -> DataFrame:
+    """`wanted`: query_id, wanted, one row per query. Answer: query_id, granted (the per-query click
+    cap: resources/click_caps.py)."""
+    remote = registry.for_executors()
+    if remote is not None:
+        answer = wanted.mapInArrow(_per_partition(lambda t: remote.grant_clicks(t, token, cap), GRANT_ANSWER),
+                                   GRANT_ANSWER)
+        return materialize(answer, staging / "answer")
+    granted = registry.grant_clicks(stage(wanted, staging / "wanted"), token, cap)
+    return _via_driver(spark, granted, GRANT_ANSWER, staging / "answer")

@@ -24,7 +24,7 @@ def test_definitions_load_with_sensors_per_datacenter(tmp_path, monkeypatch):
     assert {str(key.to_user_string()) for key in repo.asset_graph.get_all_asset_keys()} == {
         "query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates",
         "pending_clicks", "quarantined_lines"}
-    assert len(repo.asset_graph.asset_check_keys) == 5  # ALL_CHECKS and joined_clicks' freshness
+    assert len(repo.asset_graph.asset_check_keys) == 6  # ALL_CHECKS and joined_clicks' freshness
     # Each asset shows its Delta table's columns in the UI before anything is materialized.
     for key in repo.asset_graph.get_all_asset_keys():
         schema = repo.asset_graph.get(key).metadata["dagster/column_schema"]

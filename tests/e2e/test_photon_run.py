@@ -61,6 +61,13 @@ def test_a_small_workload_end_to_end_reports_what_each_run_cost(tmp_path):
         assert cost["median_seconds"] > 0 and cost["phase_seconds"], (kind, cost)
         if kind != "aggregates":
             assert cost["median_launch_to_spark_seconds"] is not None, (kind, cost)
+    # Both streams' watermarks: within the workload's event times, with their accuracy over the passes.
+    config = truth["config"]
+    newest = config["start_time_us"] + (config["span_seconds"] + config["click_delay_max_s"]) * 1e6
+    for stream in ("query", "click"):
+        mark = summary["watermarks"]["dc1"][stream]
+        assert config["start_time_us"] <= mark["watermark_us"] <= newest, (stream, mark)
+        assert 0.5 <= mark["accuracy"] <= 1 and mark["lag_seconds"] > 0, (stream, mark)
 
 
 @pytest.fixture(scope="module")

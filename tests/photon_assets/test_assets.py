@@ -92,6 +92,9 @@ def test_pipeline_through_assets_and_checks(data_dir):
         assert all(e.passed for e in evaluations.values()), evaluations
         counts = {k: v.value for k, v in evaluations["clicks_accounted_for"].metadata.items()}
         assert counts["distinct_clicks"] == 2 and counts["joined"] == 2 and counts["pending"] == 0
+        capped = {k: v.value for k, v in evaluations["joined_clicks_within_query_cap"].metadata.items()}
+        assert capped == {"max_clicks_per_query": 0, "largest_query_joined_clicks": 1, "queries_over_cap": 0,
+                          "clicks_capped": 0}
 
         # Freshness: joined_clicks was just materialized; with a bound shorter than that, stale.
         for within, fresh in ((600.0, True), (0.001, False)):

@@ -98,6 +98,18 @@ def test_remote_registry_contract(server):
     assert registry.finish_work("dc1.click.1", pending=False) == 1
     [claim] = registry.work_claims("click", ["f.jsonl"])
     assert (claim["dc"], claim["start"], claim["end"], claim["state"]) == ("dc1", 0, 9, "done")
+    # The per-query click cap's grants travel as an exchange: what other units hold counts, a unit
+    # asking again gets its first answer.
+
+    def grants(token, **wanted):
+        answer = registry.grant_clicks(pa.table({"query_id": list(wanted), "wanted": list(wanted.values())}), token, 5)
+        return dict(zip(answer["query_id"].to_pylist(), answer["granted"].to_pylist()))
+
+    assert grants("u1", q1=3, q2=9) == {"q1": 3, "q2": 5}
+    assert grants("u2", q1=4, q2=1) == {"q1": 2, "q2": 0}
+    assert grants("u2", q1=9, q3=1) == {"q1": 2, "q3": 1}
+    with pytest.raises(ValueError, match="lacks column"):
+        registry.grant_clicks(pa.table({"query_id": ["q1"]}), "u3", 5)
     registry.close()
 
 

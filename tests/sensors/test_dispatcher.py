@@ -9,7 +9,7 @@ from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_
 from resources.layout import DataLayout
 from resources.registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
-from resources.stream_state import PendingDigest, QueryProgress, WriterProgress, pending_retry_decision
+from resources.stream_state import EventTimeWatermark, PendingDigest, QueryProgress, WriterProgress, pending_retry_decision
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.ownership import preferred_dc
 from sensors.retries import plan_retries
@@ -208,7 +208,7 @@ def test_retry_decision_honours_new_writers_backoff_and_unjoinable_age():
     assert pending_retry_decision(aged, progress, 8).ready
 
 
-def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_data_waits(tmp_path, instance):
+def test_pacing_cuts_click_lines_up_to_the_query_streams_watermark_while_query_data_waits(tmp_path, instance):
     layout = DataLayout(tmp_path)
     second = 1_000_000
     click_file = layout.stream_dir("dc1", "click") / "w" / "0.jsonl"
@@ -216,7 +216,7 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_da
     starts = [0]
     for line in click_file.read_bytes().splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
-    # Query lines not cut into work units yet: the query stream's progress is about to advance.
+    # Query lines not cut into work units yet: the query stream's watermark is about to advance.
     write_lines(layout.stream_dir("dc1", "query") / "w" / "0.jsonl", [query("10.1.0.1:7:1", 1)])
     sensor = log_dispatcher("dc1", "click", str(tmp_path))
     knobs = {"pacing_max_hold_seconds": 3600}
@@ -225,7 +225,12 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_da
         return [(r["start"], r["end"]) for req in result.run_requests
                 for r in req.run_config["ops"]["join_clicks"]["config"]["ranges"]]
 
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": (second, 100 * second)})
+    def query_pass(unit, times):
+        EventTimeWatermark.add_pass(layout.watermark_file("dc1", "query"), unit, len(times), times, len(times),
+                                    percentile=5, windows=4, max_passes=64)
+
+    # A pass whose newest query is at 900 s, but 95 % of them at or after 100 s: the watermark.
+    query_pass("q1", [second] + [100 * second] * 19 + [900 * second])
     first = evaluate(sensor, instance, **knobs)
     assert cut(first) == [(0, starts[1])]
     held = json.loads(first.cursor)
@@ -233,8 +238,8 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_progress_while_query_da
     [observation] = first.asset_events
     assert observation.metadata["clicks_ahead_of_queries_seconds"].value == 50.0
 
-    # The query stream's progress passes the second click.
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"w": (101 * second, 850 * second)})
+    # The query stream's watermark passes the second click.
+    query_pass("q2", [850 * second] * 21)
     later = evaluate(sensor, instance, cursor=first.cursor, **knobs)
     assert cut(later) == [(starts[1], starts[2])]
     assert json.loads(later.cursor)["held"]["w/0.jsonl"][0] == starts[2]

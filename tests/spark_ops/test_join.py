@@ -9,7 +9,7 @@ from resources.registry_shards import ShardedIdRegistry
 from resources.stream_state import QueryProgress, WriterProgress
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import ingest_queries, line_stats
-from spark_ops.join import CRASH_POINTS, join_work_unit, window_advice
+from spark_ops.join import CAPPED_REASON, CRASH_POINTS, join_work_unit, window_advice
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy
 from spark_ops.tables import read_table
@@ -185,7 +185,46 @@ def test_future_events_move_no_progress(world):
     path = write_lines(tmp / "logs" / "dc1" / "query" / "w" / "future.jsonl",
                        [query("10.1.0.9:1:1", 3000), query("10.1.0.9:1:2", 10**15), query("10.1.0.8:1:1", 10**15)])
     parsed = parse_ranges(spark, "query", tmp / "logs" / "dc1" / "query", [ByteRange("w/future.jsonl", 0, path.stat().st_size)])
-    stats = line_stats(parsed, by_writer=True, latest_valid_us=5000)
+    stats = line_stats(parsed, by_writer=True, latest_valid_us=5000, watermark_us=3000)
     assert (stats.events, stats.future_events, stats.max_timestamp_us) == (3, 2, 3000)
     # A writer seen only in the future has no progress at all.
     assert stats.writers == {"10.1.0.9:1": (3000, 3000)}
+    # Nor does it move the watermark: the sketch holds only the query in time.
+    assert stats.sketch == [3000] * 21 and stats.at_or_after_watermark == 1
+
+
+def test_a_query_with_many_clicks_is_capped_across_work_units_and_alike_in_every_attempt(world):
+    """The per-query cap (Facebook §6.6): one query's clicks come in three work units, two of them
+    of two datacenters. Past the cap they are unjoinable as capped, with a grant from the registry
+    that a retry gets back, so a crash between the commit and the output changes nothing."""
+    spark, tmp = world["spark"], world["tmp"]
+    hot = "10.1.0.1:7:1000"
+
+    def unit(name, lines, token, dc="dc1", n=1, checkpoint=lambda point: None):
+        path = write_lines(tmp / "logs" / dc / "click" / "w" / f"{name}.jsonl", lines)
+        clicks = events(parse_ranges(spark, "click", tmp / "logs" / dc / "click", [ByteRange(f"w/{name}.jsonl", 0, path.stat().st_size)]))
+        return join_work_unit(spark, clicks, event_store(world), world["registry"], token, n, dc,
+                              tmp / "staging" / f"{token}.{n}", world["tables"], policy(world), checkpoint=checkpoint,
+                              max_clicks_per_query=4)
+
+    first = unit("a", [click(f"10.3.0.5:1:{i}", hot, 3000 + i) for i in range(3)], "dc1.click.1")
+    assert (first.joined, first.capped) == (3, 0)
+    # Four more of the hot query (the earliest of them is kept), and one of another query.
+    second = [click(f"10.3.0.5:1:{i}", hot, 3010 - i) for i in range(3, 7)] + [click("10.3.0.5:2:1", "10.1.0.1:7:1001", 3100)]
+
+    def crash(point):
+        if point == "after_registry_commit":
+            raise Crash(point)
+
+    with pytest.raises(Crash):
+        unit("b", second, "dc1.click.2", checkpoint=crash)
+    retried = unit("b", second, "dc1.click.2", n=2)
+    assert (retried.joined, retried.capped) == (2, 3)
+    third = unit("c", [click("10.3.0.5:1:7", hot, 2999)], "dc2.click.1", dc="dc2")
+    assert (third.joined, third.capped) == (0, 1)
+
+    joined = read_table(spark, "joined_clicks", world["tables"]["joined_clicks"]).where(F.col("query_id") == hot)
+    assert sorted(r.click_id for r in joined.collect()) == [f"10.3.0.5:1:{i}" for i in (0, 1, 2, 6)]
+    unjoinable = read_table(spark, "unjoinable_clicks", world["tables"]["unjoinable_clicks"]).collect()
+    assert sorted((r.click_id, r.reason) for r in unjoinable) == [
+        (f"10.3.0.5:1:{i}", CAPPED_REASON) for i in (3, 4, 5, 7)]
