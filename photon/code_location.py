@@ -15,7 +15,8 @@ import dagster as dg
 from photon_assets import bookkeeping
 from photon_assets.checks import ALL_CHECKS, joined_clicks_freshness
 from photon_assets.clicks import click_aggregates, join_clicks
-from photon_assets.jobs import ingest_queries_job, join_clicks_job, verify_job
+from photon_assets.jobs import ingest_queries_job, join_clicks_job, refresh_aggregates_job, verify_job
+from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
 from resources.layout import DATA_DIR_ENV, DataLayout
@@ -25,6 +26,7 @@ from resources.spark import spark_resource_from_env
 from resources.storage import WarehouseResource
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.freshness import freshness_sensor
+from sensors.upkeep import aggregates_refresher, table_maintainer
 
 
 def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg.Definitions:
@@ -36,7 +38,8 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
     return dg.Definitions(
         assets=[ingest_query_logs, join_clicks, click_aggregates, *bookkeeping.SPECS],
         asset_checks=[*ALL_CHECKS, *freshness],
-        jobs=[ingest_queries_job, join_clicks_job, verify_job, recover_lost_clicks_job],
+        jobs=[ingest_queries_job, join_clicks_job, refresh_aggregates_job, verify_job, recover_lost_clicks_job,
+              maintain_tables_job],
         sensors=[
             *[
                 sensor
@@ -44,6 +47,8 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
                 for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir),
                                pending_dispatcher(dc, data_dir))
             ],
+            aggregates_refresher(data_dir),
+            table_maintainer(),
             freshness_sensor(freshness),
         ],
         resources={

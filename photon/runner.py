@@ -37,6 +37,7 @@ from resources.settings import pipeline_settings
 from resources.work_claims import leases_held
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from sensors.freshness import FRESHNESS_SENSOR
+from sensors.upkeep import AGGREGATES_SENSOR, MAINTENANCE_SENSOR
 from photon_assets.jobs import VERIFY_JOB
 from photon_assets.work_unit import PENDING, TAG_DC, UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
 from spark_ops.tables import tables_locked
@@ -299,8 +300,10 @@ def own_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
 
 
 # Within a pass: query work first, so that the click work cut next finds those queries ingested
-# (pacing cuts click lines up to the query stream's progress), then pending-click retries.
-PASS_ORDER = ("query_log_dispatcher_", "click_log_dispatcher_", "pending_click_dispatcher_")
+# (pacing cuts click lines up to the query stream's watermark), then pending-click retries, then
+# the work kept off the click path (sensors/upkeep.py).
+PASS_ORDER = ("query_log_dispatcher_", "click_log_dispatcher_", "pending_click_dispatcher_", AGGREGATES_SENSOR,
+              MAINTENANCE_SENSOR)
 
 
 def pass_order(sensors: list) -> list:
@@ -392,14 +395,16 @@ def code_location() -> dg.Definitions:
 
 
 def execute_job(instance: dg.DagsterInstance, job_name: str, tags: dict | None = None,
-                asset_check_selection: set[dg.AssetCheckKey] | None = None):
+                asset_check_selection: set[dg.AssetCheckKey] | None = None, ops: dict | None = None):
     """Runs a job of the code location in this process, as a recorded run of the instance; with
-    `asset_check_selection`, only those checks of it (a subset run: no asset is materialized)."""
+    `asset_check_selection`, only those checks of it (a subset run: no asset is materialized);
+    `ops`: the ops' run config."""
     job = code_location().resolve_job_def(job_name)
     if asset_check_selection is not None:
         job = job.get_subset(asset_check_selection=asset_check_selection)
     return job.execute_in_process(
-        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
+        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}},
+                    **({"ops": ops} if ops else {})},
         instance=instance,
         raise_on_error=False,
         tags=tags,
@@ -415,9 +420,10 @@ def run_verify_job(instance: dg.DagsterInstance, layout: DataLayout, checks_only
     from photon_assets.checks import ALL_CHECKS
 
     selection = {check.check_key for check in ALL_CHECKS} if checks_only else None
+    ops = None if checks_only else {"click_aggregates": {"config": {"full": True}}}
     with tables_locked([layout.table(name) for name in TABLES]):
         return execute_job(instance, VERIFY_JOB, tags=tags or {"photon/kind": "verify"},
-                           asset_check_selection=selection)
+                           asset_check_selection=selection, ops=ops)
 
 
 def verify(instance: dg.DagsterInstance, layout: DataLayout) -> dict[str, bool]:

@@ -13,7 +13,7 @@ from resources.registry import registry_resource_from_env
 from resources.spark import spark_session
 from resources.stream_state import EventTimeWatermark
 from spark_ops.handoff import unstage
-from spark_ops.join import CAPPED_REASON
+from spark_ops.join import CAPPED_REASON, EVENT_STORE_COUNTS
 from spark_ops.tables import read_table
 
 
@@ -72,7 +72,7 @@ def watermarks(layout: DataLayout, datacenters: list[str]) -> dict:
             for dc, by_stream in marks.items()}
 
 
-EVENT_STORE_KEYS = ("cache_hits", "logs_hits", "not_found", "not_ingested_yet", "logs_ranges_read", "logs_bytes_read")
+
 # Per datacenter: clicks looked up, skipped because another work unit had registered them (the
 # dispatcher lookup), joined, and wasted joins (joined, then refused by the registry).
 JOINER_KEYS = ("clicks", "skipped_registered", "joined", "refused")
@@ -81,14 +81,14 @@ JOINER_KEYS = ("clicks", "skipped_registered", "joined", "refused")
 def materialization_totals(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
     """Totals over every click run so far, from the joined_clicks materializations: query lookups by
     the EventStore tier that served them, and the joiner's counts per datacenter."""
-    totals = dict.fromkeys(EVENT_STORE_KEYS, 0)
+    totals = dict.fromkeys(EVENT_STORE_COUNTS, 0)
     per_dc = {dc: dict.fromkeys(JOINER_KEYS, 0) for dc in datacenters}
     cursor = None
     while True:
         page = instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=1000, cursor=cursor)
         for record in page.records:
             metadata = record.asset_materialization.metadata
-            for key in EVENT_STORE_KEYS:
+            for key in EVENT_STORE_COUNTS:
                 value = metadata.get(f"eventstore_{key}")
                 totals[key] += value.value if value is not None else 0
             dc = metadata.get("dc")
@@ -99,9 +99,9 @@ def materialization_totals(instance: dg.DagsterInstance, datacenters: list[str])
         if not page.has_more:
             break
         cursor = page.cursor
-    lookups = totals["cache_hits"] + totals["logs_hits"] + totals["not_found"]
-    totals["cache_hit_ratio"] = round(totals["cache_hits"] / lookups, 4) if lookups else None
-    found = totals["cache_hits"] + totals["logs_hits"]
+    found = totals["memory_hits"] + totals["durable_hits"] + totals["logs_hits"]
+    lookups = found + totals["not_found"]
+    totals["memory_hit_ratio"] = round(totals["memory_hits"] / lookups, 4) if lookups else None
     totals["logs_bytes_per_lookup"] = round(totals["logs_bytes_read"] / totals["logs_hits"], 1) if totals["logs_hits"] else None
     totals["found_ratio"] = round(found / lookups, 4) if lookups else None
     joined = sum(d["joined"] for d in per_dc.values())
@@ -123,7 +123,7 @@ def upper_median(values: list[float]) -> float | None:
 
 
 def run_costs(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
-    """Per kind of run, over these datacenters' runs so far: how many, their Spark jobs (counted in
+    """Per kind of run, over these datacenters' runs (and the aggregates refreshes) so far: how many, their Spark jobs (counted in
     local mode only: None over Spark Connect) and Delta commits (totals and per run), their median wall
     time, the time of each phase in all, and the median time from a run's creation to its first Spark
     call after its launch (its fixed cost before any work)."""
@@ -135,7 +135,8 @@ def run_costs(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
             page = instance.fetch_materializations(dg.AssetKey(asset), limit=1000, cursor=cursor)
             for record in page.records:
                 metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}
-                if metadata.get("dc") not in datacenters or "delta_commits" not in metadata:
+                # Aggregates refreshes serve every datacenter (sensors/upkeep.py): they carry none.
+                if metadata.get("dc", datacenters[0]) not in datacenters or "delta_commits" not in metadata:
                     continue
                 runs += 1
                 if "spark_jobs" in metadata:

@@ -8,7 +8,6 @@ legitimately not be there yet.
 
 import datetime
 import shutil
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,14 +17,15 @@ import dagster as dg
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from photon_assets.work_unit import work_units_finished_since, work_units_in_flight
+from photon_assets.work_unit import work_units_in_flight
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from spark_ops.aggregates import aggregate_clicks
+from spark_ops.aggregates import aggregate_clicks, aggregates_snapshot
 from spark_ops.handoff import unstage
 from spark_ops.join import CAPPED_REASON
+from spark_ops.pending import pending_of
 from spark_ops.tables import latest_snapshot, read_table
 from spark_ops.verification import confirmed_tokens, settled_ids, unresolved_ids
 
@@ -83,7 +83,7 @@ def clicks_accounted_for(
             flagged(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]), "unjoinable"),
             flagged(registered, "registered"),
             flagged(settled_ids(registered, in_flight), "settled"),
-            flagged(read_table(session, "pending_clicks", tables["pending_clicks"]), "tracked"),
+            flagged(pending_of(session, tables["pending_clicks"]), "tracked"),
             flagged(ledger.where(F.col("work_unit").isin(in_flight)), "read_in_flight"),
         ]
         flags = [df.columns[1] for df in sources]
@@ -150,43 +150,32 @@ def registry_matches_output(
 
 @dg.asset_check(
     asset="click_aggregates",
-    description="click_aggregates equals the aggregation of joined_clicks, except at the (advertiser, "
-    "minute) keys of work units in flight: a click run refreshes its keys after it writes joined_clicks.",
+    description="click_aggregates equals the aggregation of joined_clicks at the version its last refresh "
+    "names (refreshes run off the click path: they may lag, by joined_clicks_versions_behind).",
 )
-def aggregates_match_joined_clicks(
-    context: dg.AssetCheckExecutionContext, spark: SparkResource, warehouse: WarehouseResource
-) -> dg.AssetCheckResult:
+def aggregates_match_joined_clicks(spark: SparkResource, warehouse: WarehouseResource) -> dg.AssetCheckResult:
     session = spark.session()
     tables = warehouse.tables()
-    started = time.time()
-    _, joined = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
-    _, actual = latest_snapshot(session, "click_aggregates", tables["click_aggregates"])
-    # Read after both snapshots: a unit whose refresh is missing from them (or whose refresh saw
-    # joined rows newer than them) had its run unfinished when they were taken, so it is unfinished
-    # now or finished since the check started.
-    in_flight = sorted(work_units_in_flight(context.instance) | work_units_finished_since(context.instance, started))
-    # Their keys from the newest rows: such a unit may have written joined_clicks after `joined`.
-    _, newest = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
+    through, actual = aggregates_snapshot(session, tables["click_aggregates"])
+    latest, _ = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
+    joined = read_table(session, "joined_clicks", tables["joined_clicks"])
+    expected = aggregate_clicks(joined.limit(0) if through is None else
+                                session.read.format("delta").option("versionAsOf", through).load(tables["joined_clicks"]))
     keys = ["advertiser_id", "minute"]
-    unsettled = aggregate_clicks(newest.where(F.col("work_unit").isin(in_flight))).select(*keys)
-    compared = (
-        aggregate_clicks(joined).alias("e").join(actual.alias("a"), keys, "full_outer")
-        .join(unsettled.withColumn("in_flight", F.lit(True)), keys, "left")
-    )
+    compared = expected.alias("e").join(actual.alias("a"), keys, "full_outer")
     differs = ~F.col("e.clicks").eqNullSafe(F.col("a.clicks")) | ~F.col("e.cost_micros").eqNullSafe(F.col("a.cost_micros"))
-    counts = compared.agg(
-        F.count_if(differs & F.col("in_flight").isNull()).alias("mismatched_keys"),
-        F.count_if(F.col("in_flight").isNotNull()).alias("keys_in_flight"),
+    row = compared.agg(
+        F.count_if(differs).alias("mismatched_keys"), F.count(F.col("a.clicks")).alias("rows"),
+        F.sum("a.clicks").alias("clicks"),
     ).first()
-    totals = actual.agg(F.count("*").alias("rows"), F.sum("clicks").alias("clicks")).first()
     return dg.AssetCheckResult(
-        passed=counts["mismatched_keys"] == 0,
+        passed=row["mismatched_keys"] == 0,
         metadata={
-            "dagster/row_count": totals["rows"],
-            "clicks_total": totals["clicks"] or 0,
-            "mismatched_keys": counts["mismatched_keys"],
-            "keys_in_flight": counts["keys_in_flight"],
-            "work_units_in_flight": len(in_flight),
+            "dagster/row_count": row["rows"],
+            "clicks_total": row["clicks"] or 0,
+            "mismatched_keys": row["mismatched_keys"],
+            "joined_clicks_version": -1 if through is None else through,
+            "joined_clicks_versions_behind": latest - (-1 if through is None else through),
         },
     )
 

@@ -5,6 +5,7 @@ import time
 from functools import partial
 
 import dagster as dg
+import pydantic
 from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
@@ -18,14 +19,14 @@ from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from resources.stream_state import EventTimeWatermark, PendingDigest, QueryCache, QueryProgress, pending_retry_decision
-from spark_ops.aggregates import aggregate_clicks, refresh_aggregates
+from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks
-from spark_ops.join import JoinStats, click_columns, join_work_unit, load_adapter, window_advice
+from spark_ops.join import EVENT_STORE_COUNTS, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events, parse_ranges
-from spark_ops.pending import PendingPolicy
-from spark_ops.tables import ensure_table, latest_snapshot, overwrite, read_table, row_count, table_lock
+from spark_ops.pending import PendingPolicy, pending_of
+from spark_ops.tables import read_table, row_count
 from spark_ops.validity import TimestampValidity
 
 
@@ -39,22 +40,19 @@ def pending_policy(progress: QueryProgress, settings: PipelineSettings) -> Pendi
     )
 
 
-def event_store(
-    session, tables: dict[str, str], warehouse: WarehouseResource, dc: str, settings: PipelineSettings,
-    progress: QueryProgress,
-):
+def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, dc: str, settings: PipelineSettings):
+    """The durable and logs tiers of `dc`'s EventStore (the memory tier is asked by the lookup)."""
     in_dc = F.col("dc") == dc
     # Read after the progress (the caller's) and before the tables, as the EventStore needs.
     cache = QueryCache.load(warehouse.layout.query_cache_file(dc))
     return EventStore(
-        cache=read_table(session, "query_logs", tables["query_logs"]).where(in_dc),
+        durable=read_table(session, "query_logs", tables["query_logs"]).where(in_dc),
         log_file_map=read_table(session, "log_file_map", tables["log_file_map"]).where(in_dc),
         query_dir=warehouse.stream_dir(dc, "query"),
         map_every_seconds=settings.log_file_map_every_seconds,
         map_every_bytes=settings.log_file_map_every_bytes,
         max_line_bytes=settings.max_line_bytes,
-        ingested_until={writer: w.max_ts for writer, w in progress.writers.items()},
-        cache_complete_from_us=cache.complete_from_ts,
+        durable_complete_from_us=cache.complete_from_ts,
     )
 
 
@@ -128,12 +126,10 @@ def join_clicks(
             **table_uri(tables, "joined_clicks"),
             **common,
             "dagster/row_count": joined_rows,
-            **{f"clicks_{k}": v for k, v in stats.counts().items() if not k.startswith(("cache_", "logs_", "not_"))},
-            **{f"eventstore_{k}": v for k, v in stats.counts().items() if k.startswith(("cache_", "logs_", "not_"))},
-            "eventstore_cache_hit_ratio": dg.FloatMetadataValue(
-                stats.cache_hits / (stats.cache_hits + stats.logs_hits + stats.not_found)
-                if stats.cache_hits + stats.logs_hits + stats.not_found else None
-            ),
+            **{f"clicks_{k}": v for k, v in stats.counts().items() if k not in EVENT_STORE_COUNTS},
+            **{f"eventstore_{k}": v for k, v in stats.counts().items() if k in EVENT_STORE_COUNTS},
+            # The share of this pass's query lookups the memory tier answered.
+            "eventstore_memory_hit_ratio": dg.FloatMetadataValue(stats.memory_hit_ratio),
             "pending_clicks_in_dc": digest.pending,
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
             # Window advice (Facebook §6.5): click time minus query time of this run's joins.
@@ -155,7 +151,7 @@ def join_clicks(
             **table_uri(tables, "unjoinable_clicks"),
             **common,
             "dagster/row_count": unjoinable_rows,
-            "clicks_added": stats.dropped_by_adapter + stats.given_up + stats.too_old + stats.invalid_timestamp + stats.capped,
+            "clicks_added": stats.unjoinable,
         },
     )
 
@@ -176,37 +172,30 @@ def join_pass(
     # Read before the EventStore's tables: the progress never claims more than they hold.
     progress = QueryProgress.load(warehouse.layout.query_progress_file(config.dc))
     policy = pending_policy(progress, settings)
-
-    def due_pending():
-        waiting = read_table(session, "pending_clicks", tables["pending_clicks"]).where(F.col("dc") == config.dc)
-        return click_columns(policy.due(waiting))
-
     validity = TimestampValidity.of(config.clock(), settings.future_tolerance_seconds,
                                     settings.before_query_tolerance_seconds)
-    retrying_pending = config.kind == PENDING
+    pending_path = tables["pending_clicks"]
     try:
-        if retrying_pending:
-            clicks = due_pending()
+        if config.kind == PENDING:
+            work = JoinInput(None, policy.due(pending_of(session, pending_path, config.dc)))
         else:
             parsed = parse_ranges(
                 session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
             ).persist(StorageLevel.MEMORY_AND_DISK)
             ingest = ingest_clicks(parsed, config.dc, config.work_unit, config.attempt, tables, validity.latest_valid_us,
                                    EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
-            clicks = click_columns(events(parsed))
             # Pending clicks that query data arrived for are retried here rather than by a run of
             # their own: a live pass then pays one click run's fixed cost, not two.
-            retrying_pending = pending_retry_decision(
+            retrying = pending_retry_decision(
                 PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)), progress,
                 settings.unjoinable_after_seconds,
             ).ready
-            if retrying_pending:
-                clicks = clicks.unionByName(due_pending())
+            work = JoinInput(events(parsed), policy.due(pending_of(session, pending_path, config.dc)) if retrying else None)
         meter.phase("parse_and_ledger")
         stats = join_work_unit(
             session,
-            clicks,
-            event_store(session, tables, warehouse, config.dc, settings, progress),
+            work,
+            event_store(session, tables, warehouse, config.dc, settings),
             registry.get(),
             config.token,
             config.attempt,
@@ -214,7 +203,6 @@ def join_pass(
             warehouse.staging_dir(config.work_unit, config.attempt),
             tables,
             policy,
-            retrying_pending=retrying_pending,
             adapter=load_adapter(settings.adapter),
             checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
             validity=validity,
@@ -224,49 +212,46 @@ def join_pass(
         if parsed is not None:
             parsed.unpersist()
     meter.phase("join_total")
-    digest = policy.digest(session, tables["pending_clicks"], config.dc)
+    digest = policy.digest(session, pending_path, config.dc)
     digest.save(warehouse.layout.pending_digest_file(config.dc))
+    meter.phase("pending_digest")
     if config.kind == LOG_RANGES:
         # Last, once everything is written: other datacenters skip these bytes from now on
         # (sensors/ownership.py); a crash before it leaves them waiting for this unit's retry.
         registry.get().finish_work(config.work_unit, pending=stats.pending > 0)
-    meter.phase("pending_digest")
+        meter.phase("finish_work")
     return ingest, stats, digest
+
+
+class AggregatesConfig(dg.Config):
+    full: bool = pydantic.Field(
+        default=False,
+        description="Recompute every (advertiser, minute) key from joined_clicks, instead of only the keys "
+        "of rows that changed since the last refresh.",
+    )
 
 
 @dg.asset(
     deps=["joined_clicks"],
     metadata=column_schema("click_aggregates"),
-    description="Per advertiser_id and event-time minute: clicks and cost, recomputed from "
-    "joined_clicks so that it is exactly the aggregation of it (Delta).",
+    description="Per advertiser_id and event-time minute: clicks and cost, exactly the aggregation of "
+    "joined_clicks at the version its last refresh names (Delta). Refreshed off the click path, by a run "
+    "of its own every aggregates_refresh_seconds (the keys of the rows joined since), and in full by verify.",
     kinds={"delta", "spark"},
     group_name="joiner",
 )
 def click_aggregates(
-    context: dg.AssetExecutionContext, spark: SparkResource, warehouse: WarehouseResource
+    context: dg.AssetExecutionContext, config: AggregatesConfig, spark: SparkResource, warehouse: WarehouseResource
 ) -> dg.MaterializeResult:
     with metered() as meter, spark.jobs_counted(f"{context.run_id}/click_aggregates") as jobs:
         session = spark.session()
         tables = warehouse.tables()
-        path = tables["click_aggregates"]
-        ensure_table(session, "click_aggregates", path)
-        # The work unit a click run just joined; none in `verify` (or a run from the UI): everything.
-        unit = context.run.run_config.get("ops", {}).get("join_clicks", {}).get("config", {}).get("work_unit")
-        # Held from the snapshot to the commit: refreshes commit in snapshot order, so none replaces a
-        # key's value with an older one (two datacenters' click runs refresh concurrently).
-        with table_lock(path):
-            version, snapshot = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
-            if unit is None:
-                overwrite(aggregate_clicks(snapshot), "click_aggregates", path)
-                refreshed = "all"
-            else:
-                refreshed = "work_unit" if refresh_aggregates(snapshot, unit, path) else "none"
+        refresh = refresh_aggregates(session, tables["joined_clicks"], tables["click_aggregates"], full=config.full)
         meter.phase("refresh")
-        rows = row_count(session, "click_aggregates", path)
+        rows = row_count(session, "click_aggregates", tables["click_aggregates"])
         meter.phase("row_counts")
         cost = {**meter.metadata(), **jobs()}
     return dg.MaterializeResult(
-        metadata={"dagster/row_count": rows, **table_uri(tables, "click_aggregates"), "joined_clicks_version": version,
-                  "refreshed": refreshed,
-                  **({"dc": context.run.tags[TAG_DC]} if TAG_DC in context.run.tags else {}), **cost}
+        metadata={"dagster/row_count": rows, **table_uri(tables, "click_aggregates"),
+                  **{k: v for k, v in refresh.items() if v is not None}, **cost}
     )

@@ -1,4 +1,5 @@
-"""Jobs: one per kind of work unit, plus the verification job that runs the asset checks.
+"""Jobs: one per kind of work unit, the refresh of the aggregates, and the verification job that runs
+the asset checks (table maintenance is photon_assets/maintenance.py's).
 
 Micro-batch jobs run in-process (one step process per run, not per asset) and without the checks,
 which scan whole tables: those run in `verify`, once the pipeline is idle or on demand."""
@@ -12,6 +13,7 @@ from resources.registry import registry_mode_from_env
 
 INGEST_QUERIES_JOB = "ingest_queries"
 JOIN_CLICKS_JOB = "join_clicks_job"
+REFRESH_AGGREGATES_JOB = "refresh_aggregates"
 VERIFY_JOB = "verify"
 # Runs of these jobs open the embedded registry, a DuckDB file that one process at a time may hold:
 # under the daemon, dagster.yaml allows one such run at a time (see photon/runner.py). With the
@@ -27,12 +29,17 @@ ingest_queries_job = dg.define_asset_job(
 
 join_clicks_job = dg.define_asset_job(
     JOIN_CLICKS_JOB,
-    selection=dg.AssetSelection.assets(
-        "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates"
-    ).without_checks(),
+    selection=dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks").without_checks(),
     executor_def=dg.in_process_executor,
     tags=REGISTRY_TAGS,
     description="Join one work unit of clicks (new log bytes, or pending clicks) exactly once.",
+)
+
+refresh_aggregates_job = dg.define_asset_job(
+    REFRESH_AGGREGATES_JOB,
+    selection=dg.AssetSelection.assets("click_aggregates").without_checks(),
+    executor_def=dg.in_process_executor,
+    description="Refresh click_aggregates with the rows joined since its last refresh (off the click path).",
 )
 
 verify_job = dg.define_asset_job(
@@ -40,6 +47,6 @@ verify_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets("click_aggregates") | dg.AssetSelection.checks(*ALL_CHECKS),
     executor_def=dg.in_process_executor,
     tags=REGISTRY_TAGS,
-    description="Refresh click_aggregates, then run every invariant check over the output tables "
+    description="Refresh click_aggregates (photon run asks for it in full), then run every invariant check over the output tables "
     "and the registry (photon run holds every table's lock meanwhile).",
 )

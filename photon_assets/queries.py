@@ -1,6 +1,7 @@
 """EventStore inputs (Photon §3.4): parsed recent queries and the sparse log file map."""
 
 
+import shutil
 import time
 
 import dagster as dg
@@ -10,23 +11,15 @@ from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri
 from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, run_start_costs
+from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from resources.stream_state import EventTimeWatermark, QueryCache, QueryProgress
-from spark_ops.event_store import evict_from_cache
-from spark_ops.ingest import IngestStats, ingest_queries, line_stats
+from resources.stream_state import EventTimeWatermark, QueryCache, QueryProgress, durable_tier_boundary_us
+from spark_ops.ingest import IngestStats, MemoryTier, ingest_queries, line_stats
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import parse_ranges
 from spark_ops.tables import row_count
-
-
-def cache_boundary_us(progress_ts: int | None, retention_seconds: float) -> int | None:
-    """Oldest event time the cache tier keeps: the query stream's progress minus the retention.
-    Progress is capped at the wall clock, so a bogus future timestamp cannot empty the cache."""
-    if progress_ts is None:
-        return None
-    return min(progress_ts, time.time_ns() // 1000) - int(retention_seconds * 1_000_000)
 
 
 @dg.multi_asset(
@@ -34,7 +27,9 @@ def cache_boundary_us(progress_ts: int | None, retention_seconds: float) -> int 
         dg.AssetSpec(
             "query_logs",
             metadata=column_schema("query_logs"),
-            description="Parsed query events of each datacenter's replica (Delta, partitioned by dc).",
+            description="The EventStore's durable tier: each datacenter's valid query lines of the last "
+            "query_cache_retention_seconds of event time, by query_id (Delta, partitioned by dc). The recent ones "
+            "are also held in memory by the registry service (the memory tier).",
             kinds={"delta", "spark"},
             group_name="event_store",
         ),
@@ -54,6 +49,7 @@ def ingest_query_logs(
     config: WorkUnitConfig,
     spark: SparkResource,
     warehouse: WarehouseResource,
+    registry: IdRegistryResource,
     settings: PipelineSettings,
 ):
     with metered() as meter, spark.jobs_counted(f"{context.run_id}/ingest_query_logs") as jobs:
@@ -62,10 +58,9 @@ def ingest_query_logs(
         start_costs = run_start_costs(context)
         meter.phase("spark_session")
         tables = warehouse.tables()
-        stats, boundary, entries_added = ingest_pass(config, session, warehouse, settings, tables, meter)
+        stats, boundary, remembered, entries_added = ingest_pass(config, session, warehouse, registry, settings, tables,
+                                                                 meter)
         watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
-        evicted, scanned = evict_pass(config, session, warehouse, settings, tables, boundary, stats)
-        meter.phase("evict")
         cached_rows = row_count(session, "query_logs", tables["query_logs"])
         map_rows = row_count(session, "log_file_map", tables["log_file_map"])
         quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if stats.quarantined else 0
@@ -86,9 +81,8 @@ def ingest_query_logs(
             **common,
             "dagster/row_count": cached_rows,
             "queries_added": stats.events,
+            "queries_held_in_memory": remembered,
             "queries_from_the_future": stats.future_events,
-            "queries_evicted": evicted,
-            "cache_eviction_scanned": scanned,
             **({"cache_since_us": boundary} if boundary is not None else {}),
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
             **watermark_metadata(watermark),
@@ -109,28 +103,29 @@ def ingest_query_logs(
 
 
 def ingest_pass(
-    config: WorkUnitConfig, session, warehouse: WarehouseResource, settings: PipelineSettings,
-    tables: dict[str, str], meter: PassMeter,
-) -> tuple[IngestStats, int | None, int]:
-    """A query work unit's lines parsed into the cache tier and the log file map; the writers'
-    progress recorded once they are there. Returns the line counts, the cache boundary and the map
-    entries added."""
+    config: WorkUnitConfig, session, warehouse: WarehouseResource, registry: IdRegistryResource,
+    settings: PipelineSettings, tables: dict[str, str], meter: PassMeter,
+) -> tuple[IngestStats, int | None, int, int]:
+    """A query work unit's lines parsed into the EventStore's tiers (memory, query_logs and the log
+    file map); the writers' progress recorded once they are there. Returns the line counts, the
+    durable tier's boundary, the lines held in memory and the map entries added."""
     parsed = parse_ranges(
         session, "query", warehouse.stream_dir(config.dc, "query"), config.byte_ranges(), settings.max_line_bytes
     ).persist(StorageLevel.MEMORY_AND_DISK)
+    staging = warehouse.staging_dir(config.work_unit, config.attempt)
     progress_file = warehouse.layout.query_progress_file(config.dc)
     watermark = EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "query")).watermark_us
+    latest_valid = config.clock() + int(settings.future_tolerance_seconds * 1e6)
     try:
         # A query from the future is kept, but moves neither progress, the watermark nor the cache boundary.
-        stats = line_stats(parsed, by_writer=True,
-                           latest_valid_us=config.clock() + int(settings.future_tolerance_seconds * 1e6),
-                           watermark_us=watermark)
+        stats = line_stats(parsed, by_writer=True, latest_valid_us=latest_valid, watermark_us=watermark)
         meter.phase("parse")
-        newest = max([QueryProgress.load(progress_file).max_ts or 0, *(ts for _, ts in stats.writers.values())], default=0)
-        boundary = cache_boundary_us(newest or None, settings.query_cache_retention_seconds)
+        before = QueryProgress.load(progress_file).max_ts
+        newest = max([before or 0, *(ts for _, ts in stats.writers.values())], default=0)
+        boundary = durable_tier_boundary_us(newest or None, settings.query_cache_retention_seconds)
         if boundary is not None:
             QueryCache.caching_from(warehouse.layout.query_cache_file(config.dc), boundary)
-        entries_added = ingest_queries(
+        remembered, entries_added = ingest_queries(
             parsed,
             stats,
             config.dc,
@@ -139,33 +134,20 @@ def ingest_pass(
             tables,
             settings.log_file_map_every_seconds,
             settings.log_file_map_every_bytes,
+            MemoryTier(registry.get(), settings.query_memory_seconds, settings.query_memory_bytes),
+            ingested_before_ts=before,
+            latest_valid_ts=latest_valid,
+            staging=staging,
             cache_since_us=boundary,
         )
         meter.phase("append")
     finally:
         parsed.unpersist()
+        shutil.rmtree(staging, ignore_errors=True)
     # Only after the appends: a click run that reads this progress finds these queries in a table.
     QueryProgress.merge(progress_file, stats.writers)
-    return stats, boundary, entries_added
-
-
-def evict_pass(
-    config: WorkUnitConfig, session, warehouse: WarehouseResource, settings: PipelineSettings,
-    tables: dict[str, str], boundary: int | None, stats: IngestStats,
-) -> tuple[int, bool]:
-    """Queries older than the cache boundary leave the cache tier, when the boundary has passed the
-    oldest one it may hold. Returns the rows evicted and whether the cache was scanned."""
-    cache_file = warehouse.layout.query_cache_file(config.dc)
     if stats.writers:
         # A lower bound of what this unit cached: nothing older than the boundary went in.
         oldest = min(ts for ts, _ in stats.writers.values())
-        cache = QueryCache.cached(cache_file, oldest if boundary is None else max(oldest, boundary))
-    else:
-        cache = QueryCache.load(cache_file)
-    if boundary is None or not cache.needs_eviction(boundary):
-        return 0, False
-    evicted, oldest_kept = evict_from_cache(
-        session, tables["query_logs"], config.dc, boundary, settings.query_cache_vacuum_retain_hours
-    )
-    QueryCache.scanned(cache_file, boundary if oldest_kept is None else oldest_kept)
-    return evicted, True
+        QueryCache.cached(warehouse.layout.query_cache_file(config.dc), oldest if boundary is None else max(oldest, boundary))
+    return stats, boundary, remembered, entries_added

@@ -34,6 +34,7 @@ from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from resources.stream_state import QueryProgress
 from spark_ops.handoff import stage
+from spark_ops.pending import pending_of
 from spark_ops.tables import read_table
 from spark_ops.verification import (
     RECOVERY_UNIT_PREFIX,
@@ -80,7 +81,7 @@ def recover_clicks(
             failed = runs_failed_for_good(context.instance)
             lost = keep(unresolved_ids(registered, joined, unjoinable, in_flight))
             ledger = read_table(session, "click_ledger", tables["click_ledger"])
-            pending = read_table(session, "pending_clicks", tables["pending_clicks"])
+            pending = pending_of(session, tables["pending_clicks"])
             untracked = keep(untracked_clicks(ledger, registered, joined, unjoinable, pending, in_flight))
             to_reinject = lost.select("click_id", "token").unionByName(untracked)
             reinjected = keep(reinjected_clicks(to_reinject, ledger, f"{RECOVERY_UNIT_PREFIX}.{context.run_id}"))

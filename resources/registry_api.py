@@ -10,6 +10,10 @@ their shard's garbage-collection boundary are answered 'too_old' (§2.3).
 Batches travel as Arrow data (tables, record batch readers or datasets such as the Parquet a Spark
 job staged), so ids are handled by DuckDB and Arrow compute and never become Python objects.
 
+The same process keeps what the pipeline's runs share besides the ids: datacenters' leases and
+work claims (resources/work_claims.py), the per-query click cap (resources/click_caps.py), and the
+EventStore's memory tier (resources/recent_queries.py).
+
 The implementations: `registry_shards.ShardedIdRegistry` in this process, and
 `registry_service.RemoteIdRegistry`, a client of a registry server; `registry.IdRegistryResource`
 chooses one.
@@ -91,6 +95,22 @@ class IdRegistry(ABC):
     def grant_clicks(self, wanted: ArrowSource, token: str, cap: int) -> pa.Table:
         """The per-query click cap (resources/click_caps.py has the semantics): `wanted` has
         query_id, wanted; the answer query_id, granted."""
+
+    # The EventStore's memory tier, held by the same process (resources/recent_queries.py has the
+    # semantics): one long-lived process that every run of either deployment can call.
+    @abstractmethod
+    def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,
+                         ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
+                         budget_bytes: int) -> dict:
+        """Hold one task's share of a work unit's query lines (query_id, line)."""
+
+    @abstractmethod
+    def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
+        """(query_id, line) of the wanted query ids (column query_id) held, once each."""
+
+    @abstractmethod
+    def queries_horizon(self, dc: str) -> int | None:
+        """The newest query-id time the memory tier may lack (None: unknown)."""
 
     def for_executors(self) -> "IdRegistry | None":
         """A picklable client Spark tasks can call directly, or None if the registry lives in this

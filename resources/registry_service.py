@@ -9,9 +9,11 @@ Protocol:
 - commit, lookup, delete: `do_exchange`; the descriptor command is JSON ({"op": "commit", "token":
   ...}), the client streams the (click_id, timestamp_us) batch and the server answers with the
   result table (delete: one row, column `deleted`). grant_clicks (the per-query click cap) likewise,
-  with a (query_id, wanted) batch and {"token", "cap"}.
-- clear_tokens, stats, reshard, gc, and work ownership (heartbeat, claim_work, finish_work,
-  work_claims): `do_action` with JSON bodies, answered with one JSON result.
+  with a (query_id, wanted) batch and {"token", "cap"}; the EventStore's memory tier too:
+  remember_queries with a (query_id, line) batch, answered with one row of counts, and
+  recall_queries with a (query_id) batch, answered with (query_id, line).
+- clear_tokens, stats, reshard, gc, work ownership (heartbeat, claim_work, finish_work,
+  work_claims) and queries_horizon: `do_action` with JSON bodies, answered with one JSON result.
 - scan: `do_get` (any ticket), a stream of every registered id.
 
 The RPC handler threads only enqueue work on the shards' registry threads and wait for the answer,
@@ -35,6 +37,8 @@ import pyarrow.flight as flight
 
 from resources.registry_api import ArrowSource, IdRegistry
 from resources.click_caps import WANTED_SCHEMA
+from resources.recent_queries import PIECE_SCHEMA
+from resources.recent_queries import WANTED_SCHEMA as WANTED_QUERIES
 from resources.registry_shards import EVENTS_SCHEMA, RegistryClosed, ShardedIdRegistry, read_arrow
 
 log = logging.getLogger(__name__)
@@ -100,8 +104,17 @@ class RegistryServer(flight.FlightServerBase):
                 result = pa.table({"deleted": pa.array([self.registry.delete(events)], pa.int64())})
             elif op == "grant_clicks":
                 result = self.registry.grant_clicks(events, command.get("token") or "", int(command.get("cap") or 0))
+            elif op == "remember_queries":
+                counts = self.registry.remember_queries(
+                    command["dc"], command["unit"], int(command["attempt"]), int(command["part"]), events,
+                    command.get("ingested_before_ts"), int(command["latest_valid_ts"]),
+                    float(command["retention_seconds"]), int(command["budget_bytes"]))
+                result = pa.table({k: pa.array([v], pa.int64()) for k, v in counts.items()})
+            elif op == "recall_queries":
+                result = self.registry.recall_queries(command["dc"], events)
             else:
-                raise ValueError(f"unknown exchange op {op!r} (commit, lookup, delete, grant_clicks)")
+                raise ValueError(f"unknown exchange op {op!r} (commit, lookup, delete, grant_clicks, "
+                                 "remember_queries, recall_queries)")
         writer.begin(result.schema)
         writer.write_table(result)
 
@@ -124,16 +137,19 @@ class RegistryServer(flight.FlightServerBase):
                 result = self.registry.finish_work(body["unit"], bool(body["pending"]))
             elif action.type == "work_claims":
                 result = self.registry.work_claims(body["stream"], body["files"])
+            elif action.type == "queries_horizon":
+                result = self.registry.queries_horizon(body["dc"])
             else:
                 raise ValueError(f"unknown action {action.type!r} (clear_tokens, stats, reshard, gc, heartbeat, "
-                                 "claim_work, finish_work, work_claims)")
+                                 "claim_work, finish_work, work_claims, queries_horizon)")
         return [json.dumps(result).encode()]
 
     def list_actions(self, context):
         return [("clear_tokens", "forget a token"), ("stats", "counters and shard configuration"),
                 ("reshard", "change the shard count from a time on"), ("gc", "run one GC pass"),
                 ("heartbeat", "renew a datacenter's lease; every lease"), ("claim_work", "record cut work units"),
-                ("finish_work", "mark a work unit done"), ("work_claims", "claims on log files")]
+                ("finish_work", "mark a work unit done"), ("work_claims", "claims on log files"),
+                ("queries_horizon", "the newest query time the memory tier may lack")]
 
     def do_get(self, context, ticket):
         return flight.RecordBatchStream(self.registry.scan())
@@ -337,6 +353,20 @@ class RemoteIdRegistry(IdRegistry):
 
     def grant_clicks(self, wanted: ArrowSource, token: str, cap: int) -> pa.Table:
         return self._exchange({"op": "grant_clicks", "token": token, "cap": cap}, wanted, WANTED_SCHEMA)
+
+    def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,
+                         ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
+                         budget_bytes: int) -> dict:
+        command = {"op": "remember_queries", "dc": dc, "unit": unit, "attempt": attempt, "part": part,
+                   "ingested_before_ts": ingested_before_ts, "latest_valid_ts": latest_valid_ts,
+                   "retention_seconds": retention_seconds, "budget_bytes": budget_bytes}
+        return self._exchange(command, queries, PIECE_SCHEMA).to_pylist()[0]
+
+    def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
+        return self._exchange({"op": "recall_queries", "dc": dc}, wanted, WANTED_QUERIES)
+
+    def queries_horizon(self, dc: str) -> int | None:
+        return self._action("queries_horizon", {"dc": dc})
 
     def close(self) -> None:
         with self._lock:

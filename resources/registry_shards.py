@@ -39,6 +39,8 @@ import pyarrow.dataset as ds
 
 from resources.registry_api import ArrowSource, IdRegistry
 from resources.click_caps import WANTED_SCHEMA, ClickCaps
+from resources.recent_queries import PIECE_SCHEMA, RecentQueries
+from resources.recent_queries import WANTED_SCHEMA as WANTED_QUERIES
 from resources.work_claims import WorkClaims
 
 log = logging.getLogger(__name__)
@@ -365,6 +367,7 @@ class ShardedIdRegistry(IdRegistry):
                         self.directory, self.configuration(), shards)
         self._work = WorkClaims(self.directory / "work.duckdb")
         self._caps = ClickCaps(self.directory / "caps.duckdb")
+        self._recent = RecentQueries()
         self._shards: dict[int, _Shard] = {}
         self._shards_lock = threading.Lock()
         self._closed = False
@@ -462,6 +465,7 @@ class ShardedIdRegistry(IdRegistry):
             "shards": shards,
             "configuration": self.configuration(),
             "gc_threshold_days": self.gc_threshold_days,
+            "recent_queries": self._recent.stats(),
         }
 
     def reshard(self, shards: int, effective_at_us: int | None = None) -> list[dict]:
@@ -504,6 +508,18 @@ class ShardedIdRegistry(IdRegistry):
 
     def grant_clicks(self, wanted: ArrowSource, token: str, cap: int) -> pa.Table:
         return self._caps.grant(read_arrow(wanted, WANTED_SCHEMA), token, cap)
+
+    def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,
+                         ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
+                         budget_bytes: int) -> dict:
+        return self._recent.put(dc, unit, attempt, part, read_arrow(queries, PIECE_SCHEMA), ingested_before_ts,
+                                latest_valid_ts, retention_seconds, budget_bytes)
+
+    def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
+        return self._recent.get(dc, read_arrow(wanted, WANTED_QUERIES))
+
+    def queries_horizon(self, dc: str) -> int | None:
+        return self._recent.horizon(dc)
 
     def collect_garbage(self) -> dict:
         """One GC pass on every shard now; returns each shard's boundary and how many ids it deleted."""

@@ -39,11 +39,22 @@ class PipelineSettings(dg.ConfigurableResource):
     retry_backoff_seconds: float = 2.0
     retry_backoff_max_seconds: float = 300.0
     max_attempts: int = 8
-    # EventStore cache tier (Photon §3.4.1): query_logs keeps this much event time of queries behind
-    # the newest one; older queries are found through log_file_map in the raw logs. Files the
-    # eviction rewrote are deleted once no run can still be reading them.
+    # EventStore memory tier (Photon §3.4.1, resources/recent_queries.py): the registry service holds
+    # the query lines of this much event time behind the newest, within this many bytes per
+    # datacenter (the oldest go first). Clicks follow their query by seconds to minutes: at 10,000
+    # queries/s, 1 GiB holds about 5 minutes.
+    query_memory_seconds: float = 600.0
+    query_memory_bytes: int = 1 << 30
+    # EventStore durable tier: query_logs keeps this much event time of queries behind the newest
+    # one; older queries are found through log_file_map in the raw logs. Table maintenance evicts
+    # older ones, and deletes the files they were in once no run can still be reading them.
     query_cache_retention_seconds: float = 3600.0
     query_cache_vacuum_retain_hours: float = 0.25
+    # Off the click path (photon_assets/maintenance.py): click_aggregates is refreshed with the rows
+    # joined since its last refresh at most this often, and the tables are maintained (durable tier
+    # eviction, pending-click records compacted, small files compacted and vacuumed) this often.
+    aggregates_refresh_seconds: float = 30.0
+    maintenance_every_seconds: float = 300.0
     # Pending clicks (Photon §3.2.1): retried only when query data that could hold their query has
     # arrived, and no sooner than base * 2^(attempts-1) seconds after the last attempt.
     pending_backoff_seconds: float = 2.0
@@ -61,8 +72,10 @@ class PipelineSettings(dg.ConfigurableResource):
     # Pacing (Facebook §5.2): while query data waits to be ingested, click lines more than the
     # margin ahead of the query stream's watermark are not cut yet (their queries would not be found
     # and they would go pending); lines held at the same place for max_hold are released (a bogus
-    # future timestamp must not hold a file for good); max_hold 0 turns pacing off.
-    pacing_margin_seconds: float = 0.0
+    # future timestamp must not hold a file for good); max_hold 0 turns pacing off. The watermark is
+    # a low estimate (a live stream's lags its newest event by about a pass): the margin lets the
+    # clicks of the last half minute through, whose queries are mostly ingested already.
+    pacing_margin_seconds: float = 30.0
     pacing_max_hold_seconds: float = 600.0
     # Active-active (sensors/ownership.py): a datacenter's lease in the registry lasts this long and
     # is renewed every quarter of it; once it has expired, the other datacenters take over its share

@@ -166,6 +166,15 @@ class QueryCache:
         cls._update(path, change)
 
 
+def durable_tier_boundary_us(progress_ts: int | None, retention_seconds: float, now_us: int | None = None) -> int | None:
+    """Oldest event time the durable tier (query_logs) keeps: the query stream's progress minus the
+    retention. Progress is capped at the wall clock, so a bogus future timestamp cannot empty it."""
+    if progress_ts is None:
+        return None
+    now_us = time.time_ns() // 1000 if now_us is None else now_us
+    return min(progress_ts, now_us) - int(retention_seconds * 1_000_000)
+
+
 @dataclass
 class PendingDigest:
     pending: int = 0

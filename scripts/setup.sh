@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: the .venv with the pinned packages and the
 # project itself, and Delta Lake's JVM jars fetched once from Maven Central into .cache/jars
-# (git-ignored), from where every Spark session loads them.
+# (git-ignored), from where every Spark session loads them; and Debian's chromium for the browser test
+# (tests/e2e/test_ui.py; Playwright's own browser download is not reachable here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,4 +30,15 @@ if ! ls .cache/jars/delta-spark_2.13-*.jar .cache/jars/delta-storage-*.jar >/dev
   command -v mvn >/dev/null || die "Maven is required once, to fetch the Delta jars"
   mvn --batch-mode --quiet -f scripts/jars-pom.xml -Dmaven.repo.local="$PWD/.cache/m2" \
     dependency:copy-dependencies -DoutputDirectory="$PWD/.cache/jars"
+fi
+
+# Debian's chromium, for tests/e2e/test_ui.py: installed when missing and running as root (CI), else
+# one line saying what to install (the browser test then fails with the same line).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: browser tests need Debian's chromium: sudo apt-get install chromium" >&2
+  fi
 fi

@@ -65,6 +65,11 @@ def write_cursor(cursor: dict) -> str:
     return json.dumps({**cursor, "v": CURSOR_VERSION}, sort_keys=True)
 
 
+def run_loggers() -> dict:
+    """The run config of a run's console log, at the level `photon run` asks for."""
+    return {"loggers": {"console": {"config": {"log_level": os.environ.get(RUN_LOG_LEVEL_ENV, "INFO")}}}}
+
+
 def work_unit_request(dc: str, stream: str, kind: str, unit_id: str, ranges) -> dg.RunRequest:
     job_name, op_name = JOBS[stream]
     config = {"dc": dc, "work_unit": unit_id, "kind": kind, "attempt": 1, "clock_us": time.time_ns() // 1000,
@@ -72,10 +77,7 @@ def work_unit_request(dc: str, stream: str, kind: str, unit_id: str, ranges) -> 
     return dg.RunRequest(
         run_key=unit_id,
         job_name=job_name,
-        run_config={
-            "ops": {op_name: {"config": config}},
-            "loggers": {"console": {"config": {"log_level": os.environ.get(RUN_LOG_LEVEL_ENV, "INFO")}}},
-        },
+        run_config={"ops": {op_name: {"config": config}}, **run_loggers()},
         tags={TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: kind, TAG_WORK_UNIT: unit_id, TAG_ATTEMPT: "1"},
     )
 

@@ -1,40 +1,43 @@
-"""The EventStore (Photon §3.4): finds the query of each click, in two tiers.
+"""The EventStore (Photon §3.4): finds the query of each click, in three tiers.
 
-1. Cache tier: `query_logs`, the parsed queries of the last `query_cache_retention_seconds` of
-   event time (spark_ops/ingest.py evicts older ones).
-2. Logs tier: for the cache's misses, `log_file_map` — a sparse index with an entry for the first
+1. Memory tier: the recent query lines of the datacenter, held by the registry service
+   (resources/recent_queries.py). A click run's executors ask it along with the registry lookup
+   (spark_ops/registry_calls.py: lookup_clicks); almost every click of a live stream is answered
+   there. A miss newer than its horizon, of a writer ingested past the query's time, is conclusive:
+   the query was never ingested, and no other tier is read for it.
+2. Durable tier: `query_logs`, the valid query lines of the last `query_cache_retention_seconds` of
+   event time (table maintenance evicts older ones), searched only for the memory tier's
+   inconclusive misses, and only around the times their query ids name.
+3. Logs tier: for what neither holds, `log_file_map` — a sparse index with an entry for the first
    query of every W seconds of event time and of every M bytes of each writer's log file — points
    into the raw query logs. A query id names its writer and timestamp (`<ip>:<pid>:<timestamp_us>`);
    the entry of that writer with the largest timestamp at or below the query's starts the range to
    read, and the writer's next entry in the same file ends it (a writer logs in timestamp order, so
    the query is inside if it was logged). The misses of a batch are resolved together: each file
-   range is read once, by executors, whatever number of clicks need it. A miss whose query is newer
-   than everything ingested from its writer is not read for: its query has not been ingested yet,
-   and the click waits as a pending click (spark_ops/pending.py) until the writer's progress passes it.
+   range is read once, by executors, whatever number of clicks need it.
+A miss whose query is newer than everything ingested from its writer is not read for in any tier:
+its query has not been ingested yet, and the click waits as a pending click (spark_ops/pending.py)
+until the writer's progress passes it. Every tier answers with the query's line; the query events of
+the clicks found are parsed from their lines once (spark_ops/parse.py: with_query_struct).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from spark_ops.meter import count_commit
 from spark_ops.parse import LOOKUP_CHUNK_FIELDS, events, parse_chunks
-from spark_ops.schemas import PARSED, arrow_schema, literal_frame
+from spark_ops.schemas import PARSED, arrow_schema
 from spark_ops.tables import delta_path, sql_literal, table_lock
 
 # `<server_ip>:<process_id>:<timestamp_us>`; an IPv6 address may itself contain colons.
 EVENT_ID = r"^(.+):([^:]+):(\d+)$"
-INGESTED_SCHEMA = T.StructType(
-    [T.StructField("server_ip", T.StringType()), T.StructField("process_id", T.StringType()),
-     T.StructField("writer_ts", T.LongType())]
-)
-# The cache tier is searched this far around the event times the clicks' query ids name; a query
+# The durable tier is searched this far around the event times the clicks' query ids name; a query
 # whose own timestamp is further from its id's is found by the logs tier instead.
 CACHE_SLACK_US = 300_000_000
 
@@ -48,18 +51,10 @@ def event_id_parts(column: str) -> list:
     ]
 
 
-def query_struct(queries: DataFrame) -> DataFrame:
-    return queries.select(
-        "query_id", F.struct("query_id", "timestamp_us", "query_text", "ads", "extra").alias("query")
-    )
-
-
-def evict_from_cache(
-    spark: SparkSession, path: str, dc: str, before_us: int, vacuum_retain_hours: float
-) -> tuple[int, int | None]:
-    """Removes a datacenter's queries older than `before_us` from the cache tier and deletes the data
-    files no version younger than `vacuum_retain_hours` still needs (a click run may be reading an
-    older snapshot). Returns the rows removed and the oldest event time kept (None: none kept)."""
+def evict_from_cache(spark: SparkSession, path: str, dc: str, before_us: int) -> tuple[int, int | None]:
+    """Removes a datacenter's queries older than `before_us` from the durable tier (table maintenance
+    deletes their files later). Returns the rows removed and the oldest event time kept (None: none
+    kept)."""
     ts = F.col("timestamp_us")
     in_dc = spark.read.format("delta").load(path).where(F.col("dc") == dc)
     scan = in_dc.agg(
@@ -69,44 +64,37 @@ def evict_from_cache(
         with table_lock(path):
             spark.sql(f"DELETE FROM {delta_path(path)} WHERE dc = {sql_literal(dc)} AND timestamp_us < {int(before_us)}")
             count_commit("query_logs")
-            # Files an earlier eviction removed are deleted once they are old enough.
-            spark.sql(f"VACUUM {delta_path(path)} RETAIN {float(vacuum_retain_hours)} HOURS")
     return scan["removed"], scan["oldest_kept"]
 
 
 @dataclass
 class EventStoreStats:
-    cache_hits: int = 0
+    memory_hits: int = 0
+    durable_hits: int = 0
     logs_hits: int = 0
     not_found: int = 0
     not_ingested_yet: int = 0  # of not_found: the query's writer was not ingested up to its time
     logs_ranges_read: int = 0
     logs_bytes_read: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
 
 class EventStore:
     def __init__(
         self,
-        cache: DataFrame,
+        durable: DataFrame,
         log_file_map: DataFrame,
         query_dir: Path,
         map_every_seconds: float,
         map_every_bytes: int,
         max_line_bytes: int,
-        ingested_until: dict[str, int] | None = None,
-        cache_complete_from_us: int | None = None,
+        durable_complete_from_us: int | None = None,
     ):
-        """`cache` and `log_file_map`: this datacenter's rows; `query_dir`: its raw query logs;
-        `ingested_until`: per query writer (`server_ip:process_id`), the newest query time ingested,
-        read before the tables (QueryProgress); None reads the logs for every miss;
-        `cache_complete_from_us`: every ingested query from this event time on is in `cache`, read
-        after the progress and before the tables (QueryCache): the logs tier skips such misses."""
-        self.cache = cache
-        self.ingested_until = ingested_until
-        self.cache_complete_from_us = cache_complete_from_us
+        """`durable` (query_logs) and `log_file_map`: this datacenter's rows; `query_dir`: its raw
+        query logs; `durable_complete_from_us`: every ingested query from this event time on is in
+        `durable`, read after the writers' progress and before the tables (QueryCache): the logs
+        tier skips such misses."""
+        self.durable = durable
+        self.durable_complete_from_us = durable_complete_from_us
         self.log_file_map = log_file_map
         self.query_dir = query_dir
         self.window_us = int(map_every_seconds * 1_000_000)
@@ -126,45 +114,39 @@ class EventStore:
             df.unpersist()
         self._held.clear()
 
-    def lookup(self, clicks: DataFrame) -> tuple[DataFrame, DataFrame]:
-        """Splits `clicks` (one row per `click_id`, with its `query_id`) into those whose query was
-        found, with a `query` struct column, and those not found (without it). Fills `stats`."""
-        # The clicks' keys are broadcast and the cache streams past them: the cache is the big
-        # side, and a join that kept every click (a left outer join) would shuffle every cache row
-        # of the window, full query included (7 s against 1.5 s for 400 clicks in a live run).
+    def beyond_memory(self, misses: DataFrame) -> DataFrame:
+        """The lines (click_id, line) of the queries of `misses` (click_id, query_id: clicks whose
+        query the memory tier lacks, inconclusively, and whose writer was ingested past it) found in
+        the durable tier or the raw logs. Fills `stats`."""
+        # The clicks' keys are broadcast and the durable tier streams past them: it is the big side.
         # A query id may repeat in the logs (duplicate lines): one match per click.
-        matches = self._keep(
-            query_struct(self._cache_around(clicks))
-            .join(F.broadcast(clicks.select("click_id", "query_id")), "query_id")
+        from_durable = self._keep(
+            self._durable_around(misses).select("query_id", "line")
+            .join(F.broadcast(misses.select("click_id", "query_id")), "query_id")
             .dropDuplicates(["click_id"])
-            .select("click_id", "query")
+            .select("click_id", "line")
         )
-        cached = clicks.join(matches, "click_id")
-        misses = self._keep(clicks.join(matches.select("click_id"), "click_id", "left_anti"))
-        self.stats.cache_hits = matches.count()
-        n_misses = misses.count()
-        if n_misses == 0:
-            return cached, misses
-        from_logs = self._logs_tier(misses)
+        rest = self._keep(misses.join(from_durable.select("click_id"), "click_id", "left_anti"))
+        self.stats.durable_hits = from_durable.count()
+        if rest.isEmpty():
+            return from_durable
+        from_logs = self._logs_tier(rest)
         if from_logs is None:
-            self.stats.not_found = n_misses
-            return cached, misses
+            return from_durable
         from_logs = self._keep(from_logs)
         self.stats.logs_hits = from_logs.count()
-        self.stats.not_found = n_misses - self.stats.logs_hits
-        not_found = misses.join(from_logs.select("click_id"), "click_id", "left_anti")
-        return cached.unionByName(from_logs), not_found
+        return from_durable.unionByName(from_logs)
 
-    def _cache_around(self, clicks: DataFrame) -> DataFrame:
-        """The cache rows within CACHE_SLACK_US of the event times the clicks' query ids name (the
-        parser admits only ids of the event id form): Delta skips the files of other times instead
-        of the join reading the whole cache."""
+    def _durable_around(self, clicks: DataFrame) -> DataFrame:
+        """The durable tier's rows within CACHE_SLACK_US of the event times the clicks' query ids
+        name (the parser admits only ids of the event id form): Delta skips the files of other
+        times instead of the join reading the whole tier."""
         bounds = clicks.select(event_id_parts("query_id")[2]).agg(
             F.min("query_ts").alias("low"), F.max("query_ts").alias("high")
         ).first()
         if bounds["low"] is None:
-            return self.cache
-        return self.cache.where(
+            return self.durable
+        return self.durable.where(
             F.col("timestamp_us").between(bounds["low"] - CACHE_SLACK_US, bounds["high"] + CACHE_SLACK_US)
         )
 
@@ -176,40 +158,20 @@ class EventStore:
         return len(spans), sum(max(0, min(r["end"], sizes[r["file"]]) - r["start"]) for r in spans)
 
     def _worth_reading(self, wanted: DataFrame) -> DataFrame | None:
-        """The misses worth reading raw logs for (None: not one): those whose query time its
-        writer's ingested progress has reached, and that the cache tier would not hold. The others'
-        queries are not in any table yet (a writer logs in timestamp order), and the raw logs past
-        the progress have no map entry to find them by; or they do not exist. Reading for them would
-        be wasted."""
-        if self.ingested_until is None:
+        """The misses worth reading raw logs for (None: not one): those the durable tier would not
+        hold. Logged at or after `durable_complete_from_us`, the query would be in the durable tier,
+        where the lookup searches within CACHE_SLACK_US of its id's time: it does not exist (a click
+        of a lost or never logged query, ~1% of clicks). The logs tier reads around the id's time
+        too, so it could not find it either, only spend a read (~200 KB of log per click in a 2M
+        backlog)."""
+        if self.durable_complete_from_us is None:
             return wanted
-        rows = [(*writer.rpartition(":")[::2], ts) for writer, ts in self.ingested_until.items()]
-        progress = literal_frame(wanted.sparkSession, rows, INGESTED_SCHEMA)
-        # A writer not ingested at all has no progress row: none of its queries is ingested.
-        ingested = F.coalesce(F.col("query_ts") <= F.col("writer_ts"), F.lit(False))
-        # Logged at or after this time, the query would be in the cache tier, where the cache join
-        # looks within CACHE_SLACK_US of its id's time: it does not exist (a click of a lost or never
-        # logged query, ~1% of clicks). The logs tier reads around the id's time too, so it could
-        # not find it either, only spend a read (~200 KB of log per click in a 2M backlog).
-        uncached = (
-            F.lit(True) if self.cache_complete_from_us is None
-            else F.col("query_ts") < self.cache_complete_from_us + CACHE_SLACK_US
-        )
-        flagged = self._keep(
-            wanted.join(F.broadcast(progress), ["server_ip", "process_id"], "left")
-            .withColumn("ingested", ingested)
-            .withColumn("worth_reading", F.col("ingested") & uncached)
-            .drop("writer_ts")
-        )
-        # Both counts from one job; a batch with no miss to read for skips the logs tier's jobs.
-        counts = flagged.agg(F.count_if(~F.col("ingested")), F.count_if(F.col("worth_reading"))).first()
-        self.stats.not_ingested_yet = counts[0]
-        if counts[1] == 0:
-            return None
-        return flagged.where("worth_reading").drop("ingested", "worth_reading")
+        worth = wanted.where(F.col("query_ts") < self.durable_complete_from_us + CACHE_SLACK_US)
+        return None if worth.isEmpty() else worth
 
     def _logs_tier(self, misses: DataFrame) -> DataFrame | None:
-        """The misses' queries found in the raw logs; None if no miss is worth a read."""
+        """The misses' query lines (click_id, line) found in the raw logs; None if no miss is worth
+        a read."""
         spark = misses.sparkSession
         wanted = self._worth_reading(
             misses.select("click_id", "query_id", *event_id_parts("query_id")).where(F.col("query_ts").isNotNull())
@@ -263,9 +225,10 @@ class EventStore:
         )
         self.stats.logs_ranges_read, self.stats.logs_bytes_read = self._range_bytes(ranges)
         # Lines that do not parse were quarantined when the query work unit ingested them.
-        found = query_struct(events(lines)).dropDuplicates(["query_id"])
+        found = events(lines).select("query_id", "line").dropDuplicates(["query_id"])
         return (
             misses.join(needed.select("click_id"), "click_id", "left_semi")
             .join(found, "query_id")
             .dropDuplicates(["click_id"])
+            .select("click_id", "line")
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 
 def stage(df: DataFrame, path: Path) -> ds.Dataset:
@@ -36,3 +36,11 @@ def materialize(df: DataFrame, path: Path) -> DataFrame:
     """
     df.write.mode("overwrite").parquet(str(path))
     return df.sparkSession.read.parquet(str(path))
+
+
+def materialize_counted(df: DataFrame, path: Path, **counts: Column) -> tuple[DataFrame, dict]:
+    """`materialize`, and aggregates of `df` (name -> column expression) observed while it is
+    written: the counts a pass needs cost no job of their own."""
+    observation = Observation(path.name)
+    df.observe(observation, *[expr.alias(name) for name, expr in counts.items()]).write.mode("overwrite").parquet(str(path))
+    return df.sparkSession.read.parquet(str(path)), observation.get

@@ -1,6 +1,7 @@
-"""Turning a work unit's parsed lines into table rows: query_logs + log_file_map, the click ledger,
-and quarantine. Each row carries its work unit, so a retried work unit that had already committed a
-table appends nothing more to it (spark_ops/tables.py: append_once)."""
+"""Turning a work unit's parsed lines into the EventStore's tiers (the memory tier, query_logs and
+log_file_map), the click ledger, and quarantine. Each row carries its work unit, so a retried work
+unit that had already committed a table appends nothing more to it (spark_ops/tables.py:
+append_once)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from resources.registry import IdRegistry
 from resources.watermark import SKETCH_FRACTIONS, merged_sketch
 from spark_ops.parse import events, quarantined
+from spark_ops.registry_calls import remember_queries
 from spark_ops.tables import append_once
 
 
@@ -51,6 +54,15 @@ def _with_unit(df: DataFrame, dc: str, work_unit: str) -> DataFrame:
     return df.withColumn("dc", F.lit(dc)).withColumn("work_unit", F.lit(work_unit))
 
 
+@dataclass(frozen=True)
+class MemoryTier:
+    """Where a query work unit's lines are held in memory (resources/recent_queries.py), and how much."""
+
+    registry: IdRegistry
+    retention_seconds: float
+    budget_bytes: int
+
+
 def ingest_queries(
     parsed: DataFrame,
     stats: IngestStats,
@@ -60,12 +72,21 @@ def ingest_queries(
     tables: dict[str, str],
     map_every_seconds: int,
     map_every_bytes: int,
+    memory: MemoryTier,
+    ingested_before_ts: int | None,
+    latest_valid_ts: int,
+    staging,
     cache_since_us: int | None = None,
-) -> int:
-    """`parsed` is read several times: the caller persists it, and passes its `line_stats`.
-    Queries older than `cache_since_us` skip the cache tier (query_logs): the log file map, which
-    indexes every query, finds them. Returns the number of log file map entries added."""
+) -> tuple[int, int]:
+    """`parsed` is read several times: the caller persists it, and passes its `line_stats`. The
+    lines go to the memory tier first, then to the durable tier: a query in a table is in memory
+    too, unless evicted (the memory tier's horizon says so). Queries older than `cache_since_us`
+    skip the durable tier (query_logs): the log file map, which indexes every query, finds them.
+    Returns the rows put in memory and the log file map entries added."""
     queries = _with_unit(events(parsed), dc, work_unit)
+    remembered = remember_queries(parsed.sparkSession, memory.registry, queries, dc, work_unit, attempt,
+                                  ingested_before_ts, latest_valid_ts, memory.retention_seconds,
+                                  memory.budget_bytes, staging)
     cached = queries if cache_since_us is None else queries.where(F.col("timestamp_us") >= cache_since_us)
     append_once(cached, "query_logs", tables["query_logs"], work_unit, attempt)
     # Counted and appended from one computation of its two aggregations.
@@ -77,7 +98,7 @@ def ingest_queries(
     finally:
         entries.unpersist()
     _quarantine(parsed, stats, dc, "query", work_unit, attempt, tables)
-    return added
+    return remembered, added
 
 
 def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, attempt: int, tables: dict[str, str],

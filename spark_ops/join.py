@@ -1,23 +1,22 @@
 """The joiner (Photon §3.3) as a Spark micro-batch: look up, adapt, register, write.
 
-One call processes one work unit's clicks:
-1. dispatcher lookup: clicks already registered under another token are skipped (joined elsewhere);
-   ids registered under *this* token are kept (a retry of this work unit gets its own ids back);
-   ids older than the registry's GC boundary are resolved as unjoinable (too old);
-2. EventStore lookup (spark_ops/event_store.py): each click's query, from the cache tier or through
-   the log file map in the raw logs; clicks without one stay pending or, past the unjoinable age,
-   are given up (spark_ops/pending.py);
-   clicks with an absurd timestamp (from the future, or before their query) are resolved as
-   unjoinable at once (spark_ops/validity.py);
-3. adapter: business logic over (click, query) pairs; it may alter or drop rows; then the
-   per-query cap, when set: clicks of a query past its grant from the registry are unjoinable as
-   capped (Facebook §6.6, resources/click_caps.py);
-4. conditional commit of the surviving ids (and of dropped and given-up ones, recorded as
-   unjoinable) with the work unit's token;
-5. the winners are written to `joined_clicks` / `unjoinable_clicks` (appended by a first attempt,
-   merged on `click_id` by a retry: spark_ops/tables.py), and `pending_clicks` records what is still
-   pending;
-6. once that output is durable, the token is cleared on its ids.
+One call processes one work unit's clicks in five phases. Each computes what it needs once, into
+the unit's staging directory, with the counts the pass reports observed while it is written: a pass
+costs a Spark job per phase, not per question asked of its data.
+1. lookup: the clicks, deduplicated, with what one call per partition to the registry service
+   answers: their registry entry (the dispatcher lookup: a click registered under another token is
+   skipped; one older than the registry's GC boundary is unjoinable, too old) and their query's
+   line if the EventStore's memory tier holds it;
+2. find: the memory tier's hits and, for its inconclusive misses only, the durable and logs tiers'
+   (spark_ops/event_store.py); the query events parsed from their lines;
+3. judge: each click's outcome: joined (after the adapter, business logic over (click, query) pairs
+   that may alter or drop rows, and the per-query cap: resources/click_caps.py), dropped by the
+   adapter, invalid timestamp (spark_ops/validity.py), capped, given up, or still pending
+   (spark_ops/pending.py);
+4. commit: every id this work unit resolves, conditionally registered with its token;
+5. write: the winners appended to `joined_clicks` / `unjoinable_clicks` (merged on `click_id` by a
+   retry: spark_ops/tables.py), then the pending clicks' records; once that output is durable,
+   the token is cleared.
 A crash anywhere leaves a state from which the same work unit, retried, produces exactly the
 output a clean run would have (see tests/spark_ops/test_join.py for each crash point).
 """
@@ -35,14 +34,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from resources.registry import IdRegistry
-from spark_ops.event_store import EventStore
-from spark_ops.handoff import materialize
-from spark_ops.pending import PendingPolicy, update_pending
-from spark_ops.registry_calls import commit_ids, grant_clicks, lookup_ids
+from spark_ops.event_store import EventStore, event_id_parts
+from spark_ops.handoff import materialize, materialize_counted
+from spark_ops.parse import with_query_struct
+from spark_ops.pending import PendingPolicy, record_pending
+from spark_ops.registry_calls import commit_ids, grant_clicks, lookup_clicks
 from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
 from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, TimestampValidity
 
@@ -67,13 +67,24 @@ def load_adapter(spec: str) -> Adapter:
 
 TOO_OLD_REASON = "older than the registry's garbage-collection boundary"
 CAPPED_REASON = "capped: its query reached max_clicks_per_query"
+DROPPED_REASON = "dropped by adapter"
+CLICK_FIELDS = [f.name for f in CLICK_EVENT]
+# What a click is after the lookup (phase 1), and after the judgement (phase 3).
+STATES = TAKEN, TOO_OLD, FUTURE, IN_MEMORY, MISS, NOT_INGESTED = (
+    "taken", "too_old", "future", "in_memory", "miss", "not_ingested")
+JOINED, DROPPED, GIVEN_UP, INVALID, CAPPED, PENDING = "joined", "dropped", "given_up", "invalid", "capped", "pending"
+UNJOINABLE_OUTCOMES = (DROPPED, GIVEN_UP, INVALID, CAPPED)
+# JoinStats counts that are the EventStore's (reported as eventstore_*).
+EVENT_STORE_COUNTS = ("memory_hits", "durable_hits", "logs_hits", "not_found", "not_ingested_yet", "logs_ranges_read",
+                      "logs_bytes_read")
 
 
 @dataclass
 class JoinStats:
     clicks: int = 0
     skipped_registered: int = 0
-    cache_hits: int = 0
+    memory_hits: int = 0
+    durable_hits: int = 0
     logs_hits: int = 0
     not_found: int = 0
     not_ingested_yet: int = 0
@@ -94,23 +105,28 @@ class JoinStats:
     def counts(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if k not in ("phase_seconds", "delay_seconds")}
 
+    @property
+    def memory_hit_ratio(self) -> float | None:
+        looked_up = self.memory_hits + self.durable_hits + self.logs_hits + self.not_found
+        return round(self.memory_hits / looked_up, 4) if looked_up else None
+
+    @property
+    def unjoinable(self) -> int:
+        return self.dropped_by_adapter + self.given_up + self.too_old + self.invalid_timestamp + self.capped
+
     def timed(self, phase: str, started: float) -> float:
         now = time.monotonic()
         self.phase_seconds[phase] = round(now - started, 3)
         return now
 
 
-def labelled(df: DataFrame, outcome: str, status: str | None) -> DataFrame:
-    """One (outcome, registry status) row per row of `df`, for counting."""
-    return df.select(F.lit(outcome).alias("outcome"), F.lit(status).cast("string").alias("status"))
-
-
-def join_delays(adapted: Path) -> dict[str, float]:
+def join_delays(outcomes: Path) -> dict[str, float]:
     """p50, p99 and max of click time minus query time over the staged joined pairs, read from the
     Parquet files directly (no Spark job); empty if the adapter dropped the query's time."""
     try:
-        table = ds.dataset(str(adapted), format="parquet").to_table(
-            columns={"click_us": ds.field("timestamp_us"), "query_us": ds.field("query", "timestamp_us")})
+        table = ds.dataset(str(outcomes), format="parquet").to_table(
+            columns={"click_us": ds.field("timestamp_us"), "query_us": ds.field("query", "timestamp_us")},
+            filter=ds.field("outcome") == JOINED)
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
         return {}
     delays = pc.subtract(table["click_us"], table["query_us"]).drop_null().to_numpy() / 1e6
@@ -136,32 +152,45 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds / 60:.3g} min"
 
 
-def cap_clicks(spark: SparkSession, registry: IdRegistry, adapted: DataFrame, token: str, cap: int,
-               staging: Path) -> tuple[DataFrame, DataFrame]:
-    """The joined pairs within their query's grant from the registry (at most `cap` clicks per
-    query over every work unit), and the click_ids past it. A query's earliest clicks, by
-    (timestamp_us, click_id), are kept: every attempt of the unit, granted the same, keeps the same."""
-    wanted = adapted.groupBy("query_id").agg(F.count("*").alias("wanted"))
-    granted = grant_clicks(spark, registry, wanted, token, cap, staging / "grants")
-    ranked = adapted.join(granted, "query_id").withColumn(
-        "rank", F.row_number().over(Window.partitionBy("query_id").orderBy("timestamp_us", "click_id")))
-    within = materialize(ranked.where(F.col("rank") <= F.col("granted")).select(*adapted.columns), staging / "within_cap")
-    return within, ranked.where(F.col("rank") > F.col("granted")).select("click_id")
-
-
 def click_columns(clicks: DataFrame) -> DataFrame:
-    """The click fields as the output tables name them, and the lookups made before (0 if none)."""
-    attempts = F.col("attempts") if "attempts" in clicks.columns else F.lit(0)
+    """The click fields as the output tables name them, the lookups made before (0 if none) and the
+    work unit that made the last of them (pending clicks being retried)."""
+    def carried(name: str, kind: str, default) -> Column:
+        return (F.col(name) if name in clicks.columns else F.lit(default)).cast(kind).alias(name)
+
     return clicks.select(
         "click_id", "query_id", "timestamp_us", "ad_id", "advertiser_id", "cost_micros",
         (F.col("click_extra") if "click_extra" in clicks.columns else F.col("extra")).alias("click_extra"),
-        attempts.cast("int").alias("attempts"),
+        carried("attempts", "int", 0), carried("last_attempt_unit", "string", None),
     )
+
+
+def cap_clicks(spark: SparkSession, registry: IdRegistry, adapted: DataFrame, token: str, cap: int,
+               staging: Path) -> tuple[DataFrame, DataFrame]:
+    """The joined pairs within their query's grant from the registry (at most `cap` clicks per
+    query over every work unit), and those past it. A query's earliest clicks, by
+    (timestamp_us, click_id), are kept: every attempt of the unit, granted the same, keeps the same."""
+    wanted = adapted.groupBy("query_id").agg(F.count("*").alias("wanted"))
+    granted = grant_clicks(spark, registry, wanted, token, cap, staging / "grants")
+    ranked = materialize(adapted.join(granted, "query_id").withColumn(
+        "rank", F.row_number().over(Window.partitionBy("query_id").orderBy("timestamp_us", "click_id"))),
+        staging / "ranked")
+    within = ranked.where(F.col("rank") <= F.col("granted")).select(*adapted.columns)
+    return within, ranked.where(F.col("rank") > F.col("granted")).select(*adapted.columns)
+
+
+@dataclass
+class JoinInput:
+    """A work unit's clicks: new log lines' events, and the due pending clicks it retries (their
+    `pending_clicks` records), either may be absent."""
+
+    clicks: DataFrame | None
+    retried: DataFrame | None = None
 
 
 def join_work_unit(
     spark: SparkSession,
-    clicks: DataFrame,
+    work: JoinInput,
     event_store: EventStore,
     registry: IdRegistry,
     token: str,
@@ -170,147 +199,181 @@ def join_work_unit(
     staging: Path,
     tables: dict[str, str],
     pending: PendingPolicy,
-    retrying_pending: bool = False,
     adapter: Adapter = default_adapter,
     checkpoint: Callable[[str], None] = lambda point: None,
     validity: TimestampValidity | None = None,
     max_clicks_per_query: int = 0,
 ) -> JoinStats:
-    """`clicks`: parsed click events (any duplicates), pending clicks being retried, or both
-    (`retrying_pending`; pending clicks carry their `attempts`). `validity`: the timestamp rules
-    (spark_ops/validity.py); None judges no timestamp. `max_clicks_per_query`: 0 caps nothing."""
+    """One work unit's clicks joined exactly once (see the module docstring). `validity`: the
+    timestamp rules (spark_ops/validity.py); None judges no timestamp. `max_clicks_per_query`: 0
+    caps nothing."""
     stats = JoinStats()
     mark = time.monotonic()
     staging.mkdir(parents=True, exist_ok=True)
-    click_fields = [f.name for f in CLICK_EVENT]
-
     try:
-        # Every intermediate result is computed once, into the work unit's staging directory: the
-        # counts and the MERGEs below read files, never re-run a lookup (spark_ops/handoff.py).
-        clicks = materialize(click_columns(clicks).dropDuplicates(["click_id"]), staging / "clicks")
-        stats.clicks = clicks.count()
-        mark = stats.timed("dedupe", mark)
+        retried = None if work.retried is None else materialize(work.retried, staging / "retried")
+        parts = [click_columns(df) for df in (work.clicks, retried) if df is not None]
+        clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        looked, seen = _lookup(spark, clicks, registry, token, dc, pending, validity, staging)
+        stats.clicks = sum(seen[state] for state in STATES)
+        stats.skipped_registered, stats.too_old = seen[TAKEN], seen[TOO_OLD]
+        mark = stats.timed("lookup", mark)
         if stats.clicks == 0:
             return stats
 
-        # 1. Dispatcher lookup.
-        registered = lookup_ids(spark, registry, clicks.select("click_id", "timestamp_us"), staging / "lookup")
-        taken = registered.where(
-            (F.col("status") == "registered") & (F.col("token").isNull() | (F.col("token") != token))
-        ).select("click_id")
-        too_old_seen = registered.where(F.col("status") == "too_old").select("click_id")
-        candidates = clicks.join(taken.unionByName(too_old_seen), "click_id", "left_anti")
-        invalid = []  # clicks with an absurd timestamp, with their reason
-        if validity is not None:
-            future = validity.from_future(F.col("timestamp_us"))
-            invalid.append(candidates.where(future).select(*click_fields, F.lit(FUTURE_REASON).alias("reason")))
-            candidates = candidates.where(~future)
-        mark = stats.timed("lookup", mark)
-
-        # 2. EventStore lookup; what neither tier has is judged by the pending policy.
-        found, not_found = event_store.lookup(candidates)
-        if validity is not None:
-            early = validity.before_query(F.col("timestamp_us"), F.col("query.timestamp_us"))
-            invalid.append(found.where(early).select(*click_fields, F.lit(BEFORE_QUERY_REASON).alias("reason")))
-            found = found.where(~early)
-        judged = materialize(pending.judge(not_found, token), staging / "judged")
+        found, not_found = _find(looked, seen, event_store, registry.queries_horizon(dc), stats, staging)
         mark = stats.timed("eventstore", mark)
 
-        # 3. Adapter. Clicks it drops are resolved as unjoinable, through the registry like joins.
-        schema = TABLE_SCHEMAS["joined_clicks"][0]
-        adapted = materialize(
-            adapter(found).select(*[c for c in schema.fieldNames() if c in found.columns]), staging / "adapted"
-        )
-        dropped = (
-            found.join(adapted.select("click_id"), "click_id", "left_anti")
-            .select(*click_fields, F.lit("dropped by adapter").alias("reason"), F.lit("dropped").alias("outcome"))
-        )
-        still_pending = judged.where(~F.col("give_up"))
-        given_up = judged.where("give_up").select(*click_fields, "reason", F.lit("given_up").alias("outcome"))
-        unjoinable = dropped.unionByName(given_up)
-        joined_pairs = staging / "adapted"
-        if max_clicks_per_query > 0:
-            adapted, capped = cap_clicks(spark, registry, adapted, token, max_clicks_per_query, staging)
-            joined_pairs = staging / "within_cap"
-            unjoinable = unjoinable.unionByName(
-                found.join(capped, "click_id", "left_semi")
-                .select(*click_fields, F.lit(CAPPED_REASON).alias("reason"), F.lit("capped").alias("outcome")))
-        for part in invalid:
-            unjoinable = unjoinable.unionByName(part.select("*", F.lit("invalid").alias("outcome")))
-        unjoinable = materialize(unjoinable, staging / "unjoinable")
-        stats.delay_seconds = join_delays(joined_pairs)
-        mark = stats.timed("adapter", mark)
+        outcomes, judged = _judge(spark, found, not_found, looked, registry, token, pending, adapter, validity,
+                                  max_clicks_per_query, staging)
+        stats.pending = judged[PENDING]
+        stats.delay_seconds = join_delays(staging / "outcomes")
+        mark = stats.timed("judge", mark)
 
-        # 4. Conditional commit of every id this work unit resolves.
         checkpoint("before_registry_commit")
-        resolved = adapted.select("click_id", "timestamp_us").unionByName(unjoinable.select("click_id", "timestamp_us"))
-        answers = commit_ids(spark, registry, resolved, token, staging / "commit")
-        winners = answers.where(F.col("status") == "held").select("click_id")
-        too_old = answers.where(F.col("status") == "too_old").select("click_id").unionByName(too_old_seen)
+        answers = _commit(spark, registry, outcomes, token, staging, stats)
         mark = stats.timed("registry_commit", mark)
         checkpoint("after_registry_commit")
 
-        for name, value in event_store.stats.as_dict().items():
-            setattr(stats, name, value)
-        # Every outcome counted in one aggregation over the staged frames.
-        outcomes = (
-            adapted.select("click_id", F.lit("joined").alias("outcome"))
-            .unionByName(unjoinable.select("click_id", "outcome"))
-            .join(answers, "click_id", "left")
-            .select("outcome", "status")
-            .unionByName(labelled(still_pending, "pending", None))
-            .unionByName(labelled(too_old_seen, "too_old_seen", "too_old"))
-            .unionByName(labelled(taken, "taken", None))
-        )
-        rows = outcomes.groupBy("outcome", "status").count().collect()  # a few rows
-        counted = {(r["outcome"], r["status"]): r["count"] for r in rows}
-
-        def count(outcome: str | None = None, status: str | None = None) -> int:
-            return sum(n for (o, s), n in counted.items() if outcome in (None, o) and status in (None, s))
-
-        stats.skipped_registered = count("taken")
-        stats.pending = count("pending")
-        stats.joined = count("joined", "held")
-        stats.dropped_by_adapter = count("dropped")
-        stats.given_up = count("given_up", "held")
-        stats.too_old = count(status="too_old")
-        stats.invalid_timestamp = count("invalid", "held")
-        stats.capped = count("capped", "held")
-        stats.refused = count(status="refused")
-        mark = stats.timed("counts", mark)
-
-        # 5. Output, keyed by click_id, then what is still pending. A table with nothing to add is
-        # not touched: an empty MERGE still costs a Delta commit.
-        now = F.current_timestamp()
-        if stats.joined:
-            joined_rows = adapted.join(winners, "click_id", "left_semi").select(
-                *adapted.columns,
-                F.lit(dc).alias("joined_by_dc"),
-                now.alias("joined_at"),
-                F.lit(token).alias("work_unit"),
-            )
-            write_output(joined_rows, "joined_clicks", tables["joined_clicks"], "click_id", token, attempt)
-        if stats.too_old or count("dropped", "held") or stats.given_up or stats.invalid_timestamp or stats.capped:
-            unjoinable_rows = (
-                unjoinable.join(winners, "click_id", "left_semi")
-                .select(*click_fields, "reason")
-                .unionByName(
-                    clicks.join(too_old, "click_id", "left_semi")
-                    .select(*click_fields, F.lit(TOO_OLD_REASON).alias("reason"))
-                )
-                .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
-            )
-            write_output(unjoinable_rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", token, attempt)
-        if stats.pending or retrying_pending:
-            update_pending(tables["pending_clicks"], dc, token, still_pending, clicks if retrying_pending else None)
+        _write(outcomes, answers, looked, retried, stats, token, attempt, dc, tables)
         mark = stats.timed("write", mark)
         checkpoint("after_output_write")
 
-        # 6. Output durable: the registry need not keep this token any more.
+        # Output durable: the registry need not keep this token any more.
         registry.clear_tokens(token)
-        mark = stats.timed("clear_tokens", mark)
-
+        stats.timed("clear_tokens", mark)
         return stats
     finally:
         event_store.release()
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _lookup(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token: str, dc: str, pending: PendingPolicy,
+            validity: TimestampValidity | None, staging: Path) -> tuple[DataFrame, dict]:
+    """Phase 1: the clicks, one row per click_id, with their registry entry, their query's line when
+    the memory tier holds it, and their `state`; the count of each state, and the oldest query time
+    of the misses (an inconclusive miss is one at or before the memory tier's horizon)."""
+    looked = lookup_clicks(spark, registry, clicks.dropDuplicates(["click_id"]), dc, staging / "lookup")
+    ip, pid, query_ts = event_id_parts("query_id")
+    looked = (
+        looked.withColumn("query_writer", F.concat_ws(":", ip, pid))
+        .withColumn("query_ts", query_ts)
+        .join(F.broadcast(pending.progress_frame(spark).select("query_writer", "writer_ts")), "query_writer", "left")
+    )
+    status, line = F.col("registry_status"), F.col("line")
+    taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != token))
+    future = F.lit(False) if validity is None else validity.from_future(F.col("timestamp_us"))
+    ingested = F.coalesce(F.col("writer_ts") >= F.col("query_ts"), F.lit(False))
+    state = (
+        F.when(taken, TAKEN).when(status == "too_old", TOO_OLD).when(future, FUTURE)
+        .when(line.isNotNull(), IN_MEMORY).when(ingested, MISS).otherwise(NOT_INGESTED)
+    )
+    looked = looked.withColumn("state", state).drop("query_writer", "writer_ts", "registry_status", "registry_token")
+    counts = {name: F.count_if(F.col("state") == name) for name in STATES}
+    return materialize_counted(looked, staging / "looked", **counts,
+                               oldest_miss_ts=F.min(F.when(F.col("state") == MISS, F.col("query_ts"))))
+
+
+def _find(looked: DataFrame, seen: dict, event_store: EventStore, horizon_ts: int | None, stats: JoinStats,
+          staging: Path) -> tuple[DataFrame, DataFrame]:
+    """Phase 2: the clicks whose query was found, with their query event (`query`), materialized;
+    and the candidates not found. The durable and logs tiers are read only for misses at or before
+    the memory tier's horizon, read after the lookups (a later eviction only raises it)."""
+    state = F.col("state")
+    lines = looked.where(state == IN_MEMORY)
+    missing = looked.where(state.isin(MISS, NOT_INGESTED))
+    stats.memory_hits, stats.not_ingested_yet = seen[IN_MEMORY], seen[NOT_INGESTED]
+    conclusive = horizon_ts is not None and (seen[MISS] == 0 or seen["oldest_miss_ts"] > horizon_ts)
+    if not conclusive:
+        beyond = missing.where((state == MISS) & (F.lit(horizon_ts is None) | (F.col("query_ts") <= F.lit(horizon_ts or 0))))
+        answered = event_store.beyond_memory(beyond.select("click_id", "query_id"))
+        stats.durable_hits, stats.logs_hits = event_store.stats.durable_hits, event_store.stats.logs_hits
+        stats.logs_ranges_read, stats.logs_bytes_read = event_store.stats.logs_ranges_read, event_store.stats.logs_bytes_read
+        lines = lines.unionByName(missing.drop("line").join(answered, "click_id"))
+        missing = missing.join(answered.select("click_id"), "click_id", "left_anti")
+    stats.not_found = seen[MISS] + seen[NOT_INGESTED] - stats.durable_hits - stats.logs_hits
+    found = materialize(with_query_struct(lines.select(*CLICK_FIELDS, "attempts", "line")), staging / "found")
+    return found, missing
+
+
+def _judge(spark: SparkSession, found: DataFrame, not_found: DataFrame, looked: DataFrame, registry: IdRegistry,
+           token: str, pending: PendingPolicy, adapter: Adapter, validity: TimestampValidity | None,
+           max_clicks_per_query: int, staging: Path) -> tuple[DataFrame, dict]:
+    """Phase 3: one row per click the unit resolves or leaves pending, with its `outcome` (and
+    `reason`), materialized; the count of each outcome."""
+    def outcome(df: DataFrame, name: str, reason: Column | None = None) -> DataFrame:
+        return df.withColumn("outcome", F.lit(name)).withColumn("reason", F.lit(None).cast("string") if reason is None else reason)
+
+    parts = []
+    if validity is not None:
+        early = validity.before_query(F.col("timestamp_us"), F.col("query.timestamp_us"))
+        parts.append(outcome(found.where(early).select(*CLICK_FIELDS), INVALID, F.lit(BEFORE_QUERY_REASON)))
+        parts.append(outcome(looked.where(F.col("state") == FUTURE).select(*CLICK_FIELDS), INVALID, F.lit(FUTURE_REASON)))
+        found = found.where(~early)
+    schema = TABLE_SCHEMAS["joined_clicks"][0]
+    adapted = adapter(found.drop("attempts")).select(*[c for c in schema.fieldNames() if c in found.columns])
+    if adapter is not default_adapter:
+        adapted = materialize(adapted, staging / "adapted")
+        dropped = found.join(adapted.select("click_id"), "click_id", "left_anti").select(*CLICK_FIELDS)
+        parts.append(outcome(dropped, DROPPED, F.lit(DROPPED_REASON)))
+    if max_clicks_per_query > 0:
+        adapted, capped = cap_clicks(spark, registry, adapted, token, max_clicks_per_query, staging)
+        parts.append(outcome(capped.select(*CLICK_FIELDS), CAPPED, F.lit(CAPPED_REASON)))
+    parts.append(outcome(adapted, JOINED))
+    judged = pending.judge(not_found.select(*CLICK_FIELDS, "attempts", "last_attempt_unit"), token)
+    parts.append(judged.where("give_up").drop("give_up").withColumn("outcome", F.lit(GIVEN_UP)))
+    parts.append(judged.where(~F.col("give_up")).drop("give_up", "reason").withColumn("outcome", F.lit(PENDING))
+                 .withColumn("reason", F.lit(None).cast("string")))
+    outcomes = parts[0]
+    for part in parts[1:]:
+        outcomes = outcomes.unionByName(part, allowMissingColumns=True)
+    return materialize_counted(outcomes, staging / "outcomes",
+                               **{name: F.count_if(F.col("outcome") == name) for name in (JOINED, PENDING)})
+
+
+def _commit(spark: SparkSession, registry: IdRegistry, outcomes: DataFrame, token: str, staging: Path,
+            stats: JoinStats) -> DataFrame:
+    """Phase 4: every resolved id registered with the token; the answers (click_id, outcome, status)."""
+    resolved = outcomes.where(F.col("outcome") != PENDING).select("click_id", "timestamp_us", "outcome")
+    answers = commit_ids(spark, registry, resolved, token, staging / "commit")
+    counted = {(r["outcome"], r["status"]): r["count"] for r in answers.groupBy("outcome", "status").count().collect()}
+
+    def count(outcome: str | None = None, status: str | None = None) -> int:
+        return sum(n for (o, s), n in counted.items() if outcome in (None, o) and status in (None, s))
+
+    stats.joined = count(JOINED, "held")
+    stats.dropped_by_adapter = count(DROPPED, "held")
+    stats.given_up = count(GIVEN_UP, "held")
+    stats.invalid_timestamp = count(INVALID, "held")
+    stats.capped = count(CAPPED, "held")
+    stats.refused = count(status="refused")
+    stats.too_old += count(status="too_old")
+    return answers
+
+
+def _write(outcomes: DataFrame, answers: DataFrame, looked: DataFrame, retried: DataFrame | None, stats: JoinStats,
+           token: str, attempt: int, dc: str, tables: dict[str, str]) -> None:
+    """Phase 5: the outputs, keyed by click_id, then the pending clicks' records (last: a retry of a
+    unit that crashed before them retries the same pending clicks). A table with nothing to add is
+    not touched: an empty commit still costs a Delta commit."""
+    now = F.current_timestamp()
+    held = answers.where(F.col("status") == "held").select("click_id")
+    if stats.joined:
+        schema = TABLE_SCHEMAS["joined_clicks"][0]
+        joined = outcomes.where(F.col("outcome") == JOINED).join(held, "click_id", "left_semi")
+        rows = joined.select(*[c for c in schema.fieldNames() if c in joined.columns],
+                             F.lit(dc).alias("joined_by_dc"), now.alias("joined_at"), F.lit(token).alias("work_unit"))
+        write_output(rows, "joined_clicks", tables["joined_clicks"], "click_id", token, attempt)
+    if stats.unjoinable:
+        too_old = answers.where(F.col("status") == "too_old").select("click_id").unionByName(
+            looked.where(F.col("state") == TOO_OLD).select("click_id"))
+        rows = (
+            outcomes.where(F.col("outcome").isin(*UNJOINABLE_OUTCOMES)).join(held, "click_id", "left_semi")
+            .select(*CLICK_FIELDS, "reason")
+            .unionByName(looked.join(too_old, "click_id", "left_semi").select(*CLICK_FIELDS, F.lit(TOO_OLD_REASON).alias("reason")))
+            .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
+        )
+        write_output(rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", token, attempt)
+    if stats.pending or retried is not None:
+        still = outcomes.where(F.col("outcome") == PENDING)
+        record_pending(tables["pending_clicks"], dc, still, retried)

@@ -18,8 +18,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_ops.events import PARSERS, BadLine
-from spark_ops.schemas import PARSED, arrow_schema
+from spark_ops.events import PARSERS, BadLine, parse_query
+from spark_ops.schemas import PARSED, QUERY_STRUCT, arrow_schema
+
+QUERY_ARROW = arrow_schema(QUERY_STRUCT)
 
 CHUNK_FIELDS = T.StructType(
     [
@@ -85,21 +87,34 @@ def _may_hold(line: bytes, ids: list[bytes]) -> bool:
     return b"\\" in line or any(i in line for i in ids)
 
 
+def _event_columns(stream: str):
+    """(parse, to_columns): the contract's parser of a line, and what of its event a parsed line
+    keeps. A query line keeps its key fields and the line itself (the EventStore parses the rest of
+    the few queries clicks need: with_query_struct); a click line keeps every field."""
+    parse = PARSERS[stream]
+    if stream == "query":
+        return parse, lambda event, line: (event[0], event[1], event[5], event[6], line.decode())
+    return parse, lambda event, line: event
+
+
 def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
     """mapInArrow function: chunks to parsed lines. A chunk with a `wanted` list yields only the
-    lines that may be the events of those ids, and parses only those."""
-    parse = PARSERS[stream]
-    no_event = (None,) * (len(schema) - 5)  # file, offset, length, reason, snippet follow the event
+    lines that may be the events of those ids, and parses only those. Columns are gathered as lists
+    and turned into Arrow once per batch: no Python object per row beyond the parse itself."""
+    parse, keep = _event_columns(stream)
+    n_event = len(schema) - 5  # file, offset, length, reason, snippet follow the event
+    no_event = (None,) * n_event
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows: list[tuple] = []
+        columns: list[list] = [[] for _ in schema]
+        event_columns, source_columns = columns[:n_event], columns[n_event:]
 
         def flush() -> pa.RecordBatch:
-            columns = zip(*rows)
             batch = pa.RecordBatch.from_arrays(
                 [pa.array(col, type=field.type) for col, field in zip(columns, schema)], schema=schema
             )
-            rows.clear()
+            for col in columns:
+                col.clear()
             return batch
 
         for batch in batches:
@@ -112,16 +127,74 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
                     try:
                         if length - 1 > max_line_bytes:  # `line` holds only its first bytes
                             raise BadLine(f"line of {length - 1} bytes exceeds the limit of {max_line_bytes}")
-                        rows.append((*parse(line, max_line_bytes), file, offset, length, None, None))
+                        values, problem = keep(parse(line, max_line_bytes), line), (None, None)
                     except BadLine as bad:
-                        snippet = line[:SNIPPET_CHARS].decode("utf-8", errors="replace")
-                        rows.append((*no_event, file, offset, length, str(bad), snippet))
-                    if len(rows) >= ROWS_PER_BATCH:
+                        values, problem = no_event, (str(bad), line[:SNIPPET_CHARS].decode("utf-8", errors="replace"))
+                    for col, value in zip(event_columns, values):
+                        col.append(value)
+                    for col, value in zip(source_columns, (file, offset, length, *problem)):
+                        col.append(value)
+                    if len(columns[0]) >= ROWS_PER_BATCH:
                         yield flush()
-        if rows:
+        if columns[0]:
             yield flush()
 
     return run
+
+
+def query_struct_column(lines: list[str | None]) -> pa.StructArray:
+    """The query events (QUERY_STRUCT) of lines the contract accepted at ingest, built column by
+    column (nested Arrow from Python dicts costs twice the parse); null where the line is null."""
+    ids, times, texts, extras, ad_offsets = [], [], [], [], [0]
+    ad_ids, advertisers, positions, bids = [], [], [], []
+    valid = []
+    for line in lines:
+        if line is None:
+            event = ("", 0, "", [], None)
+            valid.append(False)
+        else:
+            event = parse_query(line.encode(), len(line.encode()))
+            valid.append(True)
+        ids.append(event[0])
+        times.append(event[1])
+        texts.append(event[2])
+        extras.append(event[4])
+        for ad in event[3]:
+            ad_ids.append(ad["ad_id"])
+            advertisers.append(ad["advertiser_id"])
+            positions.append(ad["position"])
+            bids.append(ad["bid_micros"])
+        ad_offsets.append(len(ad_ids))
+    ads = pa.ListArray.from_arrays(
+        pa.array(ad_offsets, pa.int32()),
+        pa.StructArray.from_arrays(
+            [pa.array(ad_ids, pa.string()), pa.array(advertisers, pa.string()), pa.array(positions, pa.int64()),
+             pa.array(bids, pa.int64())],
+            fields=list(QUERY_ARROW.field("ads").type.value_type),
+        ),
+    )
+    return pa.StructArray.from_arrays(
+        [pa.array(ids, pa.string()), pa.array(times, pa.int64()), pa.array(texts, pa.string()), ads,
+         pa.array(extras, pa.string())],
+        fields=list(QUERY_ARROW),
+        mask=pa.array([not v for v in valid], pa.bool_()),
+    )
+
+
+def with_query_struct(df: DataFrame, line: str = "line") -> DataFrame:
+    """`df` with its query line column replaced by the parsed query event, `query` (QUERY_STRUCT),
+    in executors. Only for lines the contract accepted when their query was ingested."""
+    others = [f for f in df.schema.fields if f.name != line]
+    out = T.StructType(others + [T.StructField("query", QUERY_STRUCT)])
+    names = [f.name for f in others]
+    out_arrow = arrow_schema(out)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            struct = query_struct_column(batch.column(line).to_pylist())
+            yield pa.RecordBatch.from_arrays([batch.column(n) for n in names] + [struct], schema=out_arrow)
+
+    return df.mapInArrow(run, out)
 
 
 def chunk_frame(spark: SparkSession, stream_dir: Path, ranges: list[ByteRange], chunk_bytes: int) -> DataFrame:

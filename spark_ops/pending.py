@@ -9,6 +9,11 @@ Once it is `unjoinable_after` behind the query stream's progress (event time) an
 up `min_attempts` times, it is given up as unjoinable. A click run retries the pending clicks that
 are due along with its new clicks (photon_assets/clicks.py); a retry run of their own is for when
 no click run comes.
+
+`pending_clicks` is a log of records, appended to and never updated in a pass: a click run appends
+a record for each click it leaves pending and a resolved record for each pending click it retried
+that is no longer pending (a MERGE would cost ~2 s a pass). A click's latest record says where it
+stands (`current_pending`); table maintenance rewrites the log down to the current records.
 """
 
 from __future__ import annotations
@@ -16,15 +21,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from resources.stream_state import PendingDigest, QueryProgress
 from spark_ops.event_store import event_id_parts
-from spark_ops.meter import count_commit
 from spark_ops.schemas import literal_frame
-from spark_ops.tables import TABLE_SCHEMAS, ensure_table, merge_into, read_table, sql_literal, table_lock
+from spark_ops.tables import TABLE_SCHEMAS, append, overwrite_where, read_table, sql_literal, table_lock
 
 PROGRESS_SCHEMA = T.StructType(
     [
@@ -33,6 +38,23 @@ PROGRESS_SCHEMA = T.StructType(
         T.StructField("writer_backfills", T.IntegerType()),
     ]
 )
+COLUMNS = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
+
+
+def current_pending(records: DataFrame) -> DataFrame:
+    """The clicks still pending: each click's latest record (per datacenter), if not resolved."""
+    latest = Window.partitionBy("dc", "click_id").orderBy(F.col("recorded_at").desc(), F.col("resolved").desc())
+    return (
+        records.withColumn("_latest", F.row_number().over(latest))
+        .where((F.col("_latest") == 1) & ~F.col("resolved"))
+        .drop("_latest")
+    )
+
+
+def pending_of(spark: SparkSession, path: str, dc: str | None = None) -> DataFrame:
+    """The current pending clicks in the table at `path` (of one datacenter, or all)."""
+    records = read_table(spark, "pending_clicks", path)
+    return current_pending(records if dc is None else records.where(F.col("dc") == dc))
 
 
 @dataclass
@@ -43,7 +65,7 @@ class PendingPolicy:
     backoff_seconds: float
     backoff_max_seconds: float
 
-    def _progress_frame(self, spark: SparkSession) -> DataFrame:
+    def progress_frame(self, spark: SparkSession) -> DataFrame:
         rows = [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
         return literal_frame(spark, rows, PROGRESS_SCHEMA)
 
@@ -68,29 +90,31 @@ class PendingPolicy:
             & (F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts"))
         )
         backfilled = F.coalesce(F.col("writer_backfills"), F.lit(0)) > F.col("writer_backfills_at_attempt")
-        return pending.join(self._progress_frame(pending.sparkSession), "query_writer", "left").withColumn(
+        return pending.join(F.broadcast(self.progress_frame(pending.sparkSession)), "query_writer", "left").withColumn(
             "data_ready", writer_passed | backfilled | self._age_reached(F.col("timestamp_us"))
         )
 
     def due(self, pending: DataFrame, now: float | None = None) -> DataFrame:
-        """The pending clicks to retry now (the table's columns)."""
+        """The current pending clicks to retry now (the table's columns)."""
         now = time.time() if now is None else now
         ready = self._with_data_ready(pending).where(F.col("data_ready") & (self._backoff_over_at() <= now))
         return ready.select(*pending.columns)
 
     def judge(self, not_found: DataFrame, token: str) -> DataFrame:
-        """Clicks not found by this lookup, as `pending_clicks` rows for it, with `give_up` and the
-        unjoinable `reason`. `not_found` carries the clicks' earlier `attempts` (0 if none)."""
-        attempts = F.col("attempts") + 1
+        """Clicks not found by this lookup, as `pending_clicks` records for it, with `give_up` and the
+        unjoinable `reason`. `not_found` carries the clicks' earlier `attempts` (0 if none) and the
+        unit of their last attempt: an earlier attempt of this very work unit counted the lookup."""
+        counted = F.coalesce(F.col("last_attempt_unit"), F.lit("")) != token
+        attempts = F.col("attempts") + F.when(counted, 1).otherwise(0)
         parts = event_id_parts("query_id")
-        with_writer = not_found.withColumn("attempts", attempts.cast("int")).select(
+        with_writer = not_found.withColumn("attempts", attempts.cast("int")).drop("last_attempt_unit").select(
             "*",
             F.when(parts[0].isNotNull() & parts[1].isNotNull(), F.concat_ws(":", parts[0], parts[1])).alias("query_writer"),
             parts[2],
         )
         behind = F.lit(self.progress.max_ts or 0) - F.col("timestamp_us")
         return (
-            with_writer.join(self._progress_frame(not_found.sparkSession), "query_writer", "left")
+            with_writer.join(F.broadcast(self.progress_frame(not_found.sparkSession)), "query_writer", "left")
             .withColumn("writer_ts_at_attempt", F.col("writer_ts"))
             .withColumn("writer_backfills_at_attempt", F.coalesce(F.col("writer_backfills"), F.lit(0)).cast("int"))
             .withColumn("last_attempt_at", F.current_timestamp())
@@ -108,7 +132,7 @@ class PendingPolicy:
 
     def digest(self, spark: SparkSession, path: str, dc: str) -> PendingDigest:
         """What this datacenter's pending clicks now wait for (resources/stream_state.py)."""
-        rows = self._with_data_ready(read_table(spark, "pending_clicks", path).where(F.col("dc") == dc))
+        rows = self._with_data_ready(pending_of(spark, path, dc))
         waiting = ~F.col("data_ready") & F.col("query_writer").isNotNull()
         behind_progress = F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts")
         # One pass over the table: a row per query writer (and one for clicks without a writer).
@@ -134,26 +158,33 @@ class PendingPolicy:
         )
 
 
-def update_pending(path: str, dc: str, token: str, still_pending: DataFrame, attempted: DataFrame | None) -> None:
-    """Records this lookup in `pending_clicks`: clicks still pending are inserted or have their
-    attempt counted (once per work unit, so a retried work unit counts once); `attempted` clicks
-    that are no longer pending (joined, registered elsewhere, unjoinable) leave the table."""
-    spark = still_pending.sparkSession
-    ensure_table(spark, "pending_clicks", path)
-    columns = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
-    rows = still_pending.withColumn("dc", F.lit(dc)).select(*columns).withColumn("still_pending", F.lit(True))
-    if attempted is not None:
-        gone = attempted.select("click_id").join(rows.select("click_id"), "click_id", "left_anti")
-        rows = rows.unionByName(gone.withColumn("still_pending", F.lit(False)), allowMissingColumns=True)
+def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataFrame | None) -> None:
+    """Records a lookup in `pending_clicks`, in one append: a record for each click still pending
+    (`still_pending`: the judged clicks), and a resolved record for each retried click that is not
+    pending any more (`resolved`: retried clicks, the table's columns; joined, unjoinable, or
+    registered by another work unit). Appended again by a retried work unit, the records say the
+    same and are later: a click's latest record counts."""
+    now = F.current_timestamp()
+    rows = still_pending.withColumn("dc", F.lit(dc)).withColumn("resolved", F.lit(False)).withColumn("recorded_at", now)
+    if resolved is not None:
+        gone = resolved.join(still_pending.select("click_id"), "click_id", "left_anti")
+        rows = rows.select(*COLUMNS).unionByName(
+            gone.withColumn("resolved", F.lit(True)).withColumn("recorded_at", now).select(*COLUMNS))
+    append(rows.select(*COLUMNS), "pending_clicks", path)
+
+
+def compact_pending(spark: SparkSession, path: str, dc: str) -> tuple[int, int]:
+    """Rewrites a datacenter's records down to its current pending clicks, under the table's lock
+    (nothing is appended meanwhile). Returns the records before and after."""
     with table_lock(path):
-        updated = ", ".join(f"{c} = s.{c}" for c in columns if c not in ("dc", "click_id", "attempts"))
-        merge_into(
-            path, rows,
-            f"ON t.dc = {sql_literal(dc)} AND t.click_id = s.click_id"
-            " WHEN MATCHED AND NOT s.still_pending THEN DELETE"
-            f" WHEN MATCHED AND s.still_pending AND t.last_attempt_unit <> {sql_literal(token)}"
-            f" THEN UPDATE SET {updated}, attempts = greatest(t.attempts, s.attempts)"
-            f" WHEN NOT MATCHED AND s.still_pending THEN INSERT ({', '.join(columns)})"
-            f" VALUES ({', '.join(f's.{c}' for c in columns)})",
-        )
-    count_commit("pending_clicks")
+        records = read_table(spark, "pending_clicks", path).where(F.col("dc") == dc)
+        before = records.count()
+        # Computed before the overwrite replaces the files it reads.
+        kept = current_pending(records).select(*COLUMNS).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            after = kept.count()
+            if after < before:
+                overwrite_where(kept, "pending_clicks", path, f"dc = {sql_literal(dc)}")
+        finally:
+            kept.unpersist()
+    return before, after

@@ -1,80 +1,136 @@
-"""Registry lookups and commits for a DataFrame of ids, as Arrow batches.
+"""Calls to the registry service for a DataFrame's rows, as Arrow batches: id lookups and commits,
+the per-query click cap, and the EventStore's memory tier (resources/recent_queries.py).
 
-With the registry service, each Spark task sends its partition's ids to the server itself (no round
-trip through the driver); a task retried by Spark repeats its commit under the same token, which the
-registry answers the same way. An embedded registry lives in the driver's process, so its batches
-are handed over as Parquet (spark_ops/handoff.py). Either way the answer is read back from Parquet in
-the staging directory: it is computed once, whatever number of actions read it.
+With the registry service, each Spark task sends its partition to the server itself (no round trip
+through the driver); a task retried by Spark repeats its call, which the service answers the same
+way (a commit under the same token, a put of the same piece). An embedded registry lives in the
+driver's process, so its batches are handed over as Parquet (spark_ops/handoff.py). Either way an
+answer is read back from Parquet in the staging directory: it is computed once, whatever number of
+actions read it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from resources.registry import IdRegistry
 from spark_ops.handoff import materialize, stage, unstage
+from spark_ops.schemas import arrow_schema
 
-LOOKUP_ANSWER = T.StructType(
-    [
-        T.StructField("click_id", T.StringType()),
-        T.StructField("token", T.StringType()),
-        T.StructField("status", T.StringType()),
-    ]
-)
 COMMIT_ANSWER = T.StructType([T.StructField("click_id", T.StringType()), T.StructField("status", T.StringType())])
 GRANT_ANSWER = T.StructType([T.StructField("query_id", T.StringType()), T.StructField("granted", T.LongType())])
-ARROW_TYPES = {T.StringType(): pa.string(), T.LongType(): pa.int64()}
+# What a click lookup adds to each click: its registry entry, if any, and its query's line if the
+# memory tier holds it.
+LOOKUP_FIELDS = [
+    T.StructField("registry_status", T.StringType()),  # registered, too_old, or null: unregistered
+    T.StructField("registry_token", T.StringType()),
+    T.StructField("line", T.StringType()),
+]
+PUT_ANSWER = T.StructType([T.StructField("rows", T.LongType())])
 
 
-def _typed(answer: pa.Table, schema: T.StructType) -> pa.Table:
-    return answer.select(schema.fieldNames()).cast(pa.schema([pa.field(f.name, ARROW_TYPES[f.dataType]) for f in schema]))
+def with_columns_of(table: pa.Table, other: pa.Table, key: str) -> pa.Table:
+    """`table` with `other`'s columns (but `key`) of the row whose `key` matches, null where none
+    does; `other` holds each key once. (Arrow's own join warns on the buffers Flight delivers.)"""
+    index = pc.index_in(table.column(key), value_set=other.column(key))
+    for name in other.column_names:
+        if name != key:
+            table = table.append_column(name, pc.take(other.column(name), index))
+    return table
 
 
-def _per_partition(call, schema: T.StructType):
+def _answer_of(partition_call: Callable[[pa.Table], pa.Table], schema: T.StructType):
+    """mapInArrow function: the whole partition to `partition_call`, its answer cast to `schema`."""
+    target = arrow_schema(schema)
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         batches = [b for b in batches if b.num_rows]
         if batches:
-            yield from _typed(call(pa.Table.from_batches(batches)), schema).to_batches()
+            yield from partition_call(pa.Table.from_batches(batches)).select(target.names).cast(target).to_batches()
 
     return run
 
 
-def _via_driver(spark: SparkSession, answer: pa.Table, schema: T.StructType, path: Path) -> DataFrame:
-    answer = _typed(answer, schema)
-    return unstage(spark, pa.RecordBatchReader.from_batches(answer.schema, answer.to_batches()), path)
+def _via_driver(spark: SparkSession, df: DataFrame, call: Callable[[pa.Table], pa.Table], schema: T.StructType,
+                staging: Path) -> DataFrame:
+    """The embedded registry: the frame staged as Parquet, called in the driver, the answer unstaged."""
+    answer = call(stage(df, staging / "input").to_table()).select(schema.fieldNames())
+    answer = answer.cast(arrow_schema(schema))
+    return unstage(spark, pa.RecordBatchReader.from_batches(answer.schema, answer.to_batches()), staging / "answer")
 
 
-def lookup_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, staging: Path) -> DataFrame:
-    """`ids`: click_id, timestamp_us. Answer: click_id, token, status of registered and too-old ids."""
+def _call(spark: SparkSession, registry: IdRegistry, df: DataFrame, call: Callable[[IdRegistry, pa.Table], pa.Table],
+          schema: T.StructType, staging: Path, materialized: bool = True) -> DataFrame:
     remote = registry.for_executors()
-    if remote is not None:
-        answer = ids.mapInArrow(_per_partition(remote.lookup, LOOKUP_ANSWER), LOOKUP_ANSWER)
-        return materialize(answer, staging / "answer")
-    return _via_driver(spark, registry.lookup(stage(ids, staging / "ids")), LOOKUP_ANSWER, staging / "answer")
+    if remote is None:
+        return _via_driver(spark, df, lambda table: call(registry, table), schema, staging)
+    answer = df.mapInArrow(_answer_of(lambda table: call(remote, table), schema), schema)
+    return materialize(answer, staging / "answer") if materialized else answer
 
 
 def commit_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, token: str, staging: Path) -> DataFrame:
-    """`ids`: click_id, timestamp_us. Answer: click_id, status (held, refused, too_old) per id."""
+    """`ids`: click_id, timestamp_us and any other columns. Answer: those columns and the status
+    (held, refused, too_old) of each id, materialized."""
+    schema = T.StructType([f for f in ids.schema.fields] + [T.StructField("status", T.StringType())])
+
+    def commit(registry: IdRegistry, table: pa.Table) -> pa.Table:
+        answer = registry.commit(table.select(["click_id", "timestamp_us"]), token)
+        return with_columns_of(table, answer.select(["click_id", "status"]), "click_id")
+
+    return _call(spark, registry, ids, commit, schema, staging)
+
+
+def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, staging: Path) -> DataFrame:
+    """`clicks` (one row per click_id, with query_id and timestamp_us) with LOOKUP_FIELDS added, from
+    one call per partition to the registry's ids (the dispatcher lookup) and to the memory tier of
+    `dc`'s EventStore. Not materialized with the service (the caller materializes it once with what
+    it derives); with an embedded registry, the answer is read from Parquet."""
+    schema = T.StructType(clicks.schema.fields + LOOKUP_FIELDS)
+
+    def lookup(registry: IdRegistry, table: pa.Table) -> pa.Table:
+        registered = registry.lookup(table.select(["click_id", "timestamp_us"])).select(["click_id", "token", "status"])
+        registered = registered.rename_columns(["click_id", "registry_token", "registry_status"])
+        lines = registry.recall_queries(dc, table.select(["query_id"]))
+        return with_columns_of(with_columns_of(table, registered, "click_id"), lines, "query_id")
+
+    return _call(spark, registry, clicks, lookup, schema, staging, materialized=False)
+
+
+def remember_queries(spark: SparkSession, registry: IdRegistry, queries: DataFrame, dc: str, unit: str, attempt: int,
+                     ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
+                     budget_bytes: int, staging: Path) -> int:
+    """Puts a work unit's valid query lines (query_id, line) in `dc`'s memory tier, each partition
+    as a piece of its own; returns the rows put."""
+    from pyspark import TaskContext
+
     remote = registry.for_executors()
-    if remote is not None:
-        answer = ids.mapInArrow(_per_partition(lambda t: remote.commit(t, token), COMMIT_ANSWER), COMMIT_ANSWER)
-        return materialize(answer, staging / "answer")
-    return _via_driver(spark, registry.commit(stage(ids, staging / "ids"), token), COMMIT_ANSWER, staging / "answer")
+
+    def put(registry: IdRegistry, table: pa.Table, part: int) -> pa.Table:
+        registry.remember_queries(dc, unit, attempt, part, table, ingested_before_ts, latest_valid_ts,
+                                  retention_seconds, budget_bytes)
+        return pa.table({"rows": pa.array([table.num_rows], pa.int64())})
+
+    if remote is None:
+        answer = _via_driver(spark, queries.select("query_id", "line"), lambda table: put(registry, table, 0),
+                             PUT_ANSWER, staging)
+    else:
+        def per_task(table: pa.Table) -> pa.Table:
+            return put(remote, table, TaskContext.get().partitionId())
+
+        answer = queries.select("query_id", "line").mapInArrow(_answer_of(per_task, PUT_ANSWER), PUT_ANSWER)
+    return sum(row["rows"] for row in answer.collect())  # a row per partition
 
 
 def grant_clicks(spark: SparkSession, registry: IdRegistry, wanted: DataFrame, token: str, cap: int,
                  staging: Path) -> DataFrame:
     """`wanted`: query_id, wanted, one row per query. Answer: query_id, granted (the per-query click
     cap: resources/click_caps.py)."""
-    remote = registry.for_executors()
-    if remote is not None:
-        answer = wanted.mapInArrow(_per_partition(lambda t: remote.grant_clicks(t, token, cap), GRANT_ANSWER),
-                                   GRANT_ANSWER)
-        return materialize(answer, staging / "answer")
-    granted = registry.grant_clicks(stage(wanted, staging / "wanted"), token, cap)
-    return _via_driver(spark, granted, GRANT_ANSWER, staging / "answer")
+    return _call(spark, registry, wanted, lambda registry, table: registry.grant_clicks(table, token, cap),
+                 GRANT_ANSWER, staging)
+

@@ -23,17 +23,18 @@ SOURCE_FIELDS = [
     T.StructField("length", T.LongType()),
 ]
 
-# Event fields beyond the required ones are passed through as a JSON object string.
-QUERY_FIELDS = [
+# A query line as the EventStore keeps it: the fields it is looked up and ordered by, and the line
+# itself, validated against the contract when ingested. The event's other fields are parsed from
+# the line only for the queries a click needs (spark_ops/parse.py: with_query_struct).
+QUERY_LINE_FIELDS = [
     T.StructField("query_id", T.StringType()),
     T.StructField("timestamp_us", T.LongType()),
-    T.StructField("query_text", T.StringType()),
-    T.StructField("ads", T.ArrayType(AD)),
-    T.StructField("extra", T.StringType()),
     T.StructField("server_ip", T.StringType()),
     T.StructField("process_id", T.StringType()),
+    T.StructField("line", T.StringType()),
 ]
 
+# Event fields beyond the required ones are passed through as a JSON object string.
 CLICK_FIELDS = [
     T.StructField("click_id", T.StringType()),
     T.StructField("query_id", T.StringType()),
@@ -51,7 +52,7 @@ PROBLEM_FIELDS = [
 ]
 
 PARSED = {
-    "query": T.StructType(QUERY_FIELDS + SOURCE_FIELDS + PROBLEM_FIELDS),
+    "query": T.StructType(QUERY_LINE_FIELDS + SOURCE_FIELDS + PROBLEM_FIELDS),
     "click": T.StructType(CLICK_FIELDS + SOURCE_FIELDS + PROBLEM_FIELDS),
 }
 
@@ -74,6 +75,10 @@ def arrow_schema(spark_schema: T.StructType) -> pa.Schema:
             return pa.string()
         if isinstance(dt, T.LongType):
             return pa.int64()
+        if isinstance(dt, T.IntegerType):
+            return pa.int32()
+        if isinstance(dt, T.BooleanType):
+            return pa.bool_()
         if isinstance(dt, T.ArrayType):
             return pa.list_(convert(dt.elementType))
         if isinstance(dt, T.StructType):

@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_ops.meter import count_commit
-from spark_ops.schemas import CLICK_FIELDS, QUERY_FIELDS, QUERY_STRUCT, SOURCE_FIELDS
+from spark_ops.schemas import CLICK_FIELDS, QUERY_LINE_FIELDS, QUERY_STRUCT, SOURCE_FIELDS
 
 
 def _f(name: str, dt: T.DataType) -> T.StructField:
@@ -47,8 +47,9 @@ def _f(name: str, dt: T.DataType) -> T.StructField:
 CLICK_EVENT = [f for f in CLICK_FIELDS if f.name != "extra"] + [_f("click_extra", T.StringType())]
 
 TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
+    # The EventStore's durable tier: each datacenter's valid query lines of the last hour, by id.
     "query_logs": (
-        T.StructType([_f("dc", T.StringType()), *QUERY_FIELDS, *SOURCE_FIELDS, _f("work_unit", T.StringType())]),
+        T.StructType([_f("dc", T.StringType()), *QUERY_LINE_FIELDS, *SOURCE_FIELDS, _f("work_unit", T.StringType())]),
         ["dc"],
     ),
     "log_file_map": (
@@ -72,7 +73,9 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
         ["dc"],
     ),
     # Clicks whose query was not found yet, per datacenter, with what their retries depend on: the
-    # attempts so far, and the query writer's progress and backfills when last looked up.
+    # attempts so far, and the query writer's progress and backfills when last looked up. Appended
+    # to, never updated in a pass: a click's latest record (`recorded_at`) says whether it is still
+    # pending or was resolved (spark_ops/pending.py: current_pending); maintenance compacts it.
     "pending_clicks": (
         T.StructType(
             [
@@ -85,6 +88,8 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
                 _f("last_attempt_unit", T.StringType()),
                 _f("writer_ts_at_attempt", T.LongType()),
                 _f("writer_backfills_at_attempt", T.IntegerType()),
+                _f("resolved", T.BooleanType()),
+                _f("recorded_at", T.TimestampType()),
             ]
         ),
         ["dc"],
@@ -145,6 +150,8 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
 # A retry looks for its work unit's rows (append_once): work_unit keeps statistics too.
 TABLE_PROPERTIES: dict[str, dict[str, str]] = {
     "query_logs": {"delta.dataSkippingStatsColumns": "timestamp_us,work_unit"},
+    # The aggregates refresh reads what was added since it last ran (spark_ops/aggregates.py).
+    "joined_clicks": {"delta.enableChangeDataFeed": "true"},
 }
 
 
@@ -251,7 +258,7 @@ def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, Dat
 def unit_written(spark: SparkSession, name: str, path: str, work_unit: str) -> bool:
     """Whether the table holds a row of the work unit (Delta skips other units' files by their
     `work_unit` statistics)."""
-    return bool(read_table(spark, name, path).where(F.col("work_unit") == work_unit).limit(1).count())
+    return not read_table(spark, name, path).where(F.col("work_unit") == work_unit).isEmpty()
 
 
 def append(df: DataFrame, name: str, path: str) -> None:
@@ -289,6 +296,15 @@ def insert_new(df: DataFrame, name: str, path: str, key: str, within: dict[str, 
     )
     with table_lock(path):
         merge_into(path, df.select(*schema.fieldNames()), f"ON {condition} WHEN NOT MATCHED THEN INSERT *")
+    count_commit(name)
+
+
+def overwrite_where(df: DataFrame, name: str, path: str, condition: str) -> None:
+    """Replaces the table's rows that meet the SQL `condition` by `df`'s (which must meet it too)."""
+    ensure_table(df.sparkSession, name, path)
+    schema, _ = TABLE_SCHEMAS[name]
+    with table_lock(path):
+        df.select(*schema.fieldNames()).write.format("delta").mode("overwrite").option("replaceWhere", condition).save(path)
     count_commit(name)
 
 

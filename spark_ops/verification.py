@@ -21,7 +21,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from spark_ops.event_store import event_id_parts
-from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, ensure_table, merge_into, overwrite, table_lock
+from spark_ops.pending import COLUMNS, pending_of
+from spark_ops.tables import CLICK_EVENT, append, ensure_table, overwrite, table_lock
 
 RECOVERY_UNIT_PREFIX = "recovery"
 
@@ -112,12 +113,13 @@ def reinjected_clicks(lost: DataFrame, ledger: DataFrame, recovery_unit: str) ->
         F.lit(recovery_unit).alias("last_attempt_unit"),
         F.lit(None).cast("long").alias("writer_ts_at_attempt"),
         F.lit(0).cast("int").alias("writer_backfills_at_attempt"),
+        F.lit(False).alias("resolved"),
+        F.current_timestamp().alias("recorded_at"),
     )
 
 
 def add_pending(spark: SparkSession, path: str, rows: DataFrame) -> None:
-    """Inserts pending clicks not pending yet in their datacenter (a repeated recovery adds none)."""
-    ensure_table(spark, "pending_clicks", path)
-    columns = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
-    with table_lock(path):
-        merge_into(path, rows.select(*columns), "ON t.dc = s.dc AND t.click_id = s.click_id WHEN NOT MATCHED THEN INSERT *")
+    """Records re-injected clicks as pending (their latest record: spark_ops/pending.py), except those
+    already pending in their datacenter (a repeated recovery adds none)."""
+    current = pending_of(spark, path).select("dc", "click_id")
+    append(rows.join(current, ["dc", "click_id"], "left_anti").select(*COLUMNS), "pending_clicks", path)

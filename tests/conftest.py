@@ -16,6 +16,7 @@ QUICK = (
     "tests/resources/test_registry_shards.py",
     "tests/resources/test_work_claims.py",
     "tests/resources/test_watermark.py",
+    "tests/resources/test_recent_queries.py",
     "tests/photon/",
     "tests/spark_ops/test_events.py",
     "tests/spark_ops/test_tables.py",

@@ -19,7 +19,7 @@ def test_definitions_load_with_sensors_per_datacenter(tmp_path, monkeypatch):
     assert {s.name for s in repo.sensor_defs} == {
         f"{kind}_{dc}" for dc in ("dc1", "dc2")
         for kind in ("query_log_dispatcher", "click_log_dispatcher", "pending_click_dispatcher")
-    } | {"joined_clicks_freshness_sensor"}
+    } | {"joined_clicks_freshness_sensor", "click_aggregates_refresher", "table_maintenance"}
     assert {job.name for job in repo.get_all_jobs()} >= {"ingest_queries", "join_clicks_job", "verify"}
     assert {str(key.to_user_string()) for key in repo.asset_graph.get_all_asset_keys()} == {
         "query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates",

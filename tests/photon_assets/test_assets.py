@@ -5,9 +5,10 @@ import pytest
 
 from photon_assets.checks import ALL_CHECKS, aggregates_match_joined_clicks, joined_clicks_freshness
 from photon_assets.clicks import click_aggregates, join_clicks
+from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
-from photon_assets.work_unit import PENDING, TAG_WORK_UNIT
+from photon_assets.work_unit import PENDING
 from resources.registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
@@ -15,6 +16,9 @@ from resources.storage import WarehouseResource
 from tests.conftest import click, query, write_lines
 
 ASSETS = [ingest_query_logs, join_clicks, click_aggregates, *ALL_CHECKS]
+CLICK_UNIT = dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks").without_checks()
+QUERY_UNIT = dg.AssetSelection.assets("query_logs", "log_file_map").without_checks()
+AGGREGATES = dg.AssetSelection.assets("click_aggregates").without_checks()
 
 
 @pytest.fixture
@@ -55,9 +59,7 @@ def test_pipeline_through_assets_and_checks(data_dir):
                          "not json at all"])
     with dg.instance_for_test() as instance:
         # Clicks first: their queries are not there yet, so they stay pending.
-        joined = materialize(data_dir, instance, dg.AssetSelection.assets(
-            "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates").without_checks(),
-            unit("join_clicks", "dc1.click.00000000", clicks))
+        joined = materialize(data_dir, instance, CLICK_UNIT, unit("join_clicks", "dc1.click.00000000", clicks))
         assert joined.success
         assert metadata(joined, "joined_clicks")["clicks_pending"] == 2
         assert metadata(joined, "click_ledger")["quarantined_lines"] == 1
@@ -73,19 +75,21 @@ def test_pipeline_through_assets_and_checks(data_dir):
                 cost["delta_commits_pending_clicks"]) == (1, 1, 1)
 
         queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:2", 6)])
-        ingested = materialize(data_dir, instance, dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
-                               unit("ingest_query_logs", "dc1.query.00000000", queries))
+        ingested = materialize(data_dir, instance, QUERY_UNIT, unit("ingest_query_logs", "dc1.query.00000000", queries))
         assert metadata(ingested, "query_logs")["queries_added"] == 2
+        assert metadata(ingested, "query_logs")["queries_held_in_memory"] == 2
         assert metadata(ingested, "query_logs")["dagster/row_count"] == 2
         assert metadata(ingested, "log_file_map")["entries_added"] >= 1
         assert metadata(ingested, "query_logs")["delta_commits"] == 2  # query_logs, log_file_map
 
-        retried = materialize(data_dir, instance, dg.AssetSelection.assets(
-            "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates").without_checks(),
-            unit("join_clicks", "dc1.pending.00000000", kind=PENDING))
+        retried = materialize(data_dir, instance, CLICK_UNIT, unit("join_clicks", "dc1.pending.00000000", kind=PENDING))
         assert metadata(retried, "joined_clicks")["clicks_joined"] == 2
         assert metadata(retried, "joined_clicks")["dagster/row_count"] == 2
-        assert metadata(retried, "click_aggregates")["dagster/row_count"] == 1
+        # Found in memory: the registry's memory tier holds the query run's lines.
+        assert metadata(retried, "joined_clicks")["eventstore_memory_hit_ratio"] == 1.0
+        # The aggregates, refreshed by a run of their own (no run config needed).
+        refreshed = metadata(materialize(data_dir, instance, AGGREGATES), "click_aggregates")
+        assert (refreshed["dagster/row_count"], refreshed["refreshed"]) == (1, "all")
 
         checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))
         evaluations = {e.check_name: e for e in checked.get_asset_check_evaluations()}
@@ -109,16 +113,14 @@ def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(dat
     click_file = logs / "click" / "w" / "0.jsonl"
     write_lines(click_file, [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10), click("10.3.0.1:1:2", "10.1.0.1:1:9", 20)])
     first_end = click_file.stat().st_size
-    click_units = dg.AssetSelection.assets(
-        "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates").without_checks()
+    click_units = CLICK_UNIT
     with dg.instance_for_test() as instance:
         joined = materialize(data_dir, instance, click_units, unit("join_clicks", "dc1.click.00000000", click_file))
         assert metadata(joined, "joined_clicks")["clicks_pending"] == 2
 
         # The first click's query arrives; the second's (10.1.0.1:1:9) never does.
         queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:3", 7)])
-        assert materialize(data_dir, instance, dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
-                           unit("ingest_query_logs", "dc1.query.00000000", queries)).success
+        assert materialize(data_dir, instance, QUERY_UNIT, unit("ingest_query_logs", "dc1.query.00000000", queries)).success
         write_lines(click_file, [click("10.3.0.1:1:3", "10.1.0.1:1:3", 30)])
         config = unit("join_clicks", "dc1.click.00000001", click_file)
         config["ops"]["join_clicks"]["config"]["ranges"][0]["start"] = first_end
@@ -129,26 +131,15 @@ def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(dat
         assert second["pending_clicks_in_dc"] == 1 and second["dagster/row_count"] == 2
 
 
-@dg.op
-def placeholder_op():
-    pass
-
-
-@dg.job
-def placeholder_job():
-    placeholder_op()
-
-
-def test_the_aggregates_check_leaves_out_only_the_keys_of_work_units_in_flight(data_dir):
-    """A click run writes joined_clicks, then refreshes its aggregates: between the two, the
-    aggregates check must not fail, and once that run is over without a refresh, it must."""
+def test_the_aggregates_check_compares_with_the_version_the_last_refresh_names(data_dir):
+    """click_aggregates is refreshed off the click path: a refresh that has not run yet is a lag the
+    check reports, not a failure; a value that is not the aggregation of joined_clicks fails it."""
     logs = data_dir / "logs" / "dc1"
     queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:2", 6)])
     click_file = logs / "click" / "w" / "0.jsonl"
     write_lines(click_file, [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10)])
     first_end = click_file.stat().st_size
     write_lines(click_file, [click("10.3.0.1:1:2", "10.1.0.1:1:2", 20, advertiser="adv2")])
-    joins = dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks")
 
     def aggregates_check() -> dict:
         checked = materialize(data_dir, instance, dg.AssetSelection.checks(aggregates_match_joined_clicks))
@@ -156,47 +147,54 @@ def test_the_aggregates_check_leaves_out_only_the_keys_of_work_units_in_flight(d
         return {"passed": evaluation.passed, **{k: v.value for k, v in evaluation.metadata.items()}}
 
     with dg.instance_for_test() as instance:
-        assert materialize(data_dir, instance, dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
-                           unit("ingest_query_logs", "dc1.query.00000000", queries)).success
+        assert materialize(data_dir, instance, QUERY_UNIT, unit("ingest_query_logs", "dc1.query.00000000", queries)).success
         first = unit("join_clicks", "dc1.click.00000000", click_file)
         first["ops"]["join_clicks"]["config"]["ranges"][0]["end"] = first_end
-        assert materialize(data_dir, instance, (joins | dg.AssetSelection.assets("click_aggregates")).without_checks(),
-                           first).success
-        # The second unit's click is joined, its aggregates are not refreshed (yet).
+        assert materialize(data_dir, instance, CLICK_UNIT, first).success
+        assert materialize(data_dir, instance, AGGREGATES).success
+        # The second unit's click is joined, the aggregates not refreshed yet: a lag.
         second = unit("join_clicks", "dc1.click.00000001", click_file)
         second["ops"]["join_clicks"]["config"]["ranges"][0]["start"] = first_end
-        assert materialize(data_dir, instance, joins.without_checks(), second).success
+        assert materialize(data_dir, instance, CLICK_UNIT, second).success
+        lagging = aggregates_check()
+        assert (lagging["passed"], lagging["mismatched_keys"], lagging["dagster/row_count"]) == (True, 0, 1)
+        assert lagging["joined_clicks_versions_behind"] >= 1
+        refreshed = metadata(materialize(data_dir, instance, AGGREGATES), "click_aggregates")
+        assert refreshed["refreshed"] == "changes"
+        current = aggregates_check()
+        assert (current["passed"], current["joined_clicks_versions_behind"], current["dagster/row_count"]) == (True, 0, 2)
 
-        # Its run over, the missing refresh is a failure.
-        stale = aggregates_check()
-        assert (stale["passed"], stale["mismatched_keys"], stale["keys_in_flight"]) == (False, 1, 0)
-        # A run of that unit still to come (a retry queued): its key is left out, the others checked.
-        instance.create_run_for_job(placeholder_job, tags={TAG_WORK_UNIT: "dc1.click.00000001"})
-        in_flight = aggregates_check()
-        assert (in_flight["passed"], in_flight["mismatched_keys"], in_flight["keys_in_flight"]) == (True, 0, 1)
-        assert in_flight["dagster/row_count"] == 1 and in_flight["work_units_in_flight"] == 1
+        # Another writer adds a row: the aggregates are no longer joined_clicks' aggregation.
+        spark = SparkResource.local(shuffle_partitions=2, driver_memory="2g").session()
+        spark.sql(f"INSERT INTO delta.`{data_dir / 'warehouse' / 'click_aggregates'}` VALUES ('adv9', current_timestamp(), 1, 1)")
+        wrong = aggregates_check()
+        assert (wrong["passed"], wrong["mismatched_keys"]) == (False, 1)
 
 
-def test_query_runs_scan_the_cache_for_eviction_only_once_the_boundary_passes_its_oldest_query(data_dir):
+def test_table_maintenance_evicts_the_durable_tier_and_deletes_unreferenced_files(data_dir):
     second = 1_000_000
     t0 = 1_700_000_000 * second
-    settings = PipelineSettings(query_cache_retention_seconds=60)
+    settings = PipelineSettings(query_cache_retention_seconds=60, query_cache_vacuum_retain_hours=0)
     batches = [[0, 10, 20, 30], [40], [100]]  # seconds after t0
-    runs = []
     with dg.instance_for_test() as instance:
         for i, batch in enumerate(batches):
             path = write_lines(data_dir / "logs" / "dc1" / "query" / "w" / f"{i}.jsonl",
                                [query(f"10.1.0.1:1:{t0 + s * second}", t0 + s * second) for s in batch])
             config = {"dc": "dc1", "work_unit": f"dc1.query.{i:08d}", "kind": "log_ranges",
                       "ranges": [{"file": f"w/{i}.jsonl", "start": 0, "end": path.stat().st_size}]}
-            result = dg.materialize(ASSETS, selection=dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
-                                    resources={**resources(data_dir), "settings": settings}, instance=instance,
-                                    run_config={"ops": {"ingest_query_logs": {"config": config}}})
-            runs.append(metadata(result, "query_logs"))
-    # The first run does not know the cache's oldest query; the second's boundary (t0 - 20 s) is
-    # behind it (t0); the third's (t0 + 40 s) passes it and evicts the four queries before it.
-    assert [(r["cache_eviction_scanned"], r["queries_evicted"]) for r in runs] == [(True, 0), (False, 0), (True, 4)]
-    assert runs[-1]["dagster/row_count"] == 2
+            assert dg.materialize(ASSETS, selection=QUERY_UNIT, resources={**resources(data_dir), "settings": settings},
+                                  instance=instance, run_config={"ops": {"ingest_query_logs": {"config": config}}}).success
+        result = maintain_tables_job.execute_in_process(resources={**resources(data_dir), "settings": settings},
+                                                         instance=instance)
+        done = result.output_for_node("maintain")
+    # The boundary (t0 + 40 s) passed the four queries before it; the durable tier keeps two.
+    assert done["queries_evicted"] == {"dc1": 4}
+    spark = SparkResource.local(shuffle_partitions=2, driver_memory="2g").session()
+    query_logs = data_dir / "warehouse" / "query_logs"
+    live = {p.split("/")[-1] for p in spark.read.format("delta").load(str(query_logs)).inputFiles()}
+    assert len(live) == 1  # compacted
+    on_disk = {p.name for p in query_logs.rglob("*.parquet") if "_delta_log" not in p.parts}
+    assert on_disk == live  # the evicted and compacted files are gone
 
 
 def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
@@ -206,8 +204,7 @@ def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
     logs = data_dir / "logs" / "dc1"
     clicks = write_lines(logs / "click" / "w" / "0.jsonl", [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10)])
     with dg.instance_for_test() as instance:
-        materialize(data_dir, instance, dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks").without_checks(),
-                    unit("join_clicks", "dc1.click.00000000", clicks))
+        materialize(data_dir, instance, CLICK_UNIT, unit("join_clicks", "dc1.click.00000000", clicks))
         registry = IdRegistryResource(data_dir=str(data_dir)).get()
         registry.commit(pa.table({"click_id": ["10.3.0.1:1:1"], "timestamp_us": [10]}), "crashed-unit")
         checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))

@@ -1,4 +1,5 @@
-"""The EventStore's two tiers, the cache's retention, and pending clicks up to unjoinable."""
+"""The EventStore's tiers beyond memory (the durable tier and the logs tier), the durable tier's
+retention, the memory tier's conclusive misses, and pending clicks up to unjoinable."""
 
 import json
 import time
@@ -9,10 +10,10 @@ from resources.layout import TABLES
 from resources.registry_shards import ShardedIdRegistry
 from resources.stream_state import QueryProgress, WriterProgress, pending_retry_decision
 from spark_ops.event_store import EventStore, evict_from_cache
-from spark_ops.ingest import ingest_queries, line_stats
-from spark_ops.join import join_work_unit
+from spark_ops.ingest import MemoryTier, ingest_queries, line_stats
+from spark_ops.join import JoinInput, join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges
-from spark_ops.pending import PendingPolicy
+from spark_ops.pending import PendingPolicy, pending_of
 from spark_ops.tables import read_table
 from tests.conftest import click, query, write_lines
 
@@ -36,13 +37,30 @@ def name(click_id: str) -> str:
     return NAMES[int(click_id.rsplit(":", 1)[1])]
 
 
-def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us=None, every_bytes=4096):
+def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us=None, every_bytes=4096,
+           registry=None, ingested_before_ts=None):
+    """A query work unit's ingest; its lines go to `registry`'s memory tier (a registry of its own by
+    default, which no lookup asks: the tests of the tiers beyond memory)."""
     ranges = [ByteRange(f, 0, (query_dir / f).stat().st_size) for f in files]
     parsed = parse_ranges(spark, "query", query_dir, ranges).persist()
     stats = line_stats(parsed, by_writer=True)
-    ingest_queries(parsed, stats, "dc1", unit, 1, tables, 10, every_bytes, cache_since_us=cache_since_us)
+    own = registry is None
+    registry = registry or ShardedIdRegistry(query_dir.parent / "unused-registry" / unit, gc_interval_seconds=None)
+    try:
+        ingest_queries(parsed, stats, "dc1", unit, 1, tables, 10, every_bytes, MemoryTier(registry, 3600, 1 << 30),
+                       ingested_before_ts=ingested_before_ts, latest_valid_ts=10**17,
+                       staging=query_dir.parent / "staging" / unit, cache_since_us=cache_since_us)
+    finally:
+        if own:
+            registry.close()
     parsed.unpersist()
     return stats.writers
+
+
+def beyond(event_store: EventStore, clicks) -> dict[str, str]:
+    """{click name: query id} the durable and logs tiers find for the clicks."""
+    lines = event_store.beyond_memory(clicks.select("click_id", "query_id")).collect()
+    return {name(r.click_id): json.loads(r.line)["query_id"] for r in lines}
 
 
 def store(spark, tables, query_dir, every_bytes=4096) -> EventStore:
@@ -57,14 +75,14 @@ def clicks_frame(spark, tmp_path, clicks):
     return events(parse_ranges(spark, "click", directory, [ByteRange(path.name, 0, path.stat().st_size)]))
 
 
-def test_queries_older_than_the_cache_are_found_through_the_log_file_map(tmp_path, spark):
+def test_queries_older_than_the_durable_tier_are_found_through_the_log_file_map(tmp_path, spark):
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     # Writer A: 200 queries, one a second, in one file; writer B rotates after 50 queries.
     write_lines(query_dir / "a" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(200)])
     write_lines(query_dir / "b" / "0.jsonl", [query(qid("10.1.0.2:8", i), T0 + i * SECOND) for i in range(50)])
     write_lines(query_dir / "b" / "1.jsonl", [query(qid("10.1.0.2:8", i), T0 + i * SECOND) for i in range(50, 100)])
-    # Only the last 50 s of event time stay in the cache tier.
+    # Only the last 50 s of event time stay in the durable tier.
     ingest(spark, query_dir, tables, ["a/0.jsonl", "b/0.jsonl", "b/1.jsonl"], "dc1.query.0", cache_since_us=T0 + 150 * SECOND)
     assert read_table(spark, "query_logs", tables["query_logs"]).count() == 50
 
@@ -73,12 +91,9 @@ def test_queries_older_than_the_cache_are_found_through_the_log_file_map(tmp_pat
               "c7": f"10.1.0.1:7:{T0 + 500 * SECOND + 1}"}
     clicks = clicks_frame(spark, tmp_path, [click(cid(c), q, T0 + 1000 * SECOND) for c, q in wanted.items()])
     event_store = store(spark, tables, query_dir)
-    found, not_found = event_store.lookup(clicks)
-    matched = {name(r.click_id): r.query.query_id for r in found.collect()}
-    assert matched == {c: q for c, q in wanted.items() if c != "c7"}
-    assert [name(r.click_id) for r in not_found.collect()] == ["c7"]
+    assert beyond(event_store, clicks) == {c: q for c, q in wanted.items() if c != "c7"}
     stats = event_store.stats
-    assert (stats.cache_hits, stats.logs_hits, stats.not_found) == (1, 5, 1)
+    assert (stats.durable_hits, stats.logs_hits) == (1, 5)
     # Each lookup read at most the W = 10 s of log between two map entries, not whole files.
     line = len((query_dir / "a" / "0.jsonl").read_bytes().splitlines()[0]) + 1
     assert stats.logs_ranges_read == 5 and stats.logs_bytes_read <= 5 * 11 * line
@@ -93,74 +108,38 @@ def test_the_logs_tier_parses_only_lines_that_may_hold_a_wanted_id_and_finds_esc
     escaped = json.dumps(lines[12]).replace(qid("10.1.0.1:7", 12), qid("10.1.0.1:7", 12).replace(":", "\\u003a"))
     assert qid("10.1.0.1:7", 12) not in escaped
     write_lines(query_dir / "a" / "0.jsonl", lines[:12] + [escaped] + lines[13:])
-    # Nothing in the cache tier: every lookup goes through the log file map.
+    # Nothing in the durable tier: every lookup goes through the log file map.
     ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", cache_since_us=T0 + 100 * SECOND)
     wanted = {"c1": qid("10.1.0.1:7", 12), "c2": qid("10.1.0.1:7", 15)}
     event_store = store(spark, tables, query_dir)
-    found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, [click(cid(c), q, T0) for c, q in wanted.items()]))
-    assert {name(r.click_id): r.query.query_id for r in found.collect()} == wanted and not_found.count() == 0
+    assert beyond(event_store, clicks_frame(spark, tmp_path, [click(cid(c), q, T0) for c, q in wanted.items()])) == wanted
     assert event_store.stats.logs_hits == 2
     event_store.release()
 
 
-def test_a_miss_newer_than_its_writers_ingested_progress_is_not_read_from_the_logs(tmp_path, spark):
+def test_a_miss_the_durable_tier_would_hold_is_not_read_from_the_logs(tmp_path, spark):
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
-    lines = [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(120)]
-    write_lines(query_dir / "a" / "0.jsonl", lines[:96])
-    # Queries 0-95 ingested, none of them cached: the logs tier serves every lookup.
-    progress = ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", cache_since_us=T0 + 1000 * SECOND)
-    assert progress == {"10.1.0.1:7": (T0, T0 + 95 * SECOND)}
-    # The writer has logged on; the dispatcher has not cut that part yet.
-    write_lines(query_dir / "a" / "0.jsonl", lines[96:])
-    wanted = {"c1": qid("10.1.0.1:7", 50), "c2": qid("10.1.0.1:7", 97), "c3": qid("10.1.0.2:8", 3)}
-    clicks = [click(cid(c), q, T0 + 100 * SECOND) for c, q in wanted.items()]
-
-    # Without the progress, query 97 is found past the ingested part, by reading up to the open
-    # range's end from the last map entry.
-    blind = store(spark, tables, query_dir)
-    found, _ = blind.lookup(clicks_frame(spark, tmp_path, clicks))
-    assert {name(r.click_id) for r in found.collect()} == {"c1", "c2"}
-    blind.release()
-
-    event_store = EventStore(read_table(spark, "query_logs", tables["query_logs"]),
-                             read_table(spark, "log_file_map", tables["log_file_map"]), query_dir, 10, 4096, 65536,
-                             ingested_until={writer: ts for writer, (_, ts) in progress.items()})
-    found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, clicks))
-    assert {name(r.click_id): r.query.query_id for r in found.collect()} == {"c1": wanted["c1"]}
-    assert sorted(name(r.click_id) for r in not_found.collect()) == ["c2", "c3"]
-    stats = event_store.stats
-    # c2's writer has not been ingested up to its query's time, c3's writer not at all.
-    assert (stats.logs_hits, stats.not_found, stats.not_ingested_yet, stats.logs_ranges_read) == (1, 2, 2, 1)
-    event_store.release()
-
-
-def test_a_miss_the_cache_tier_would_hold_is_not_read_from_the_logs(tmp_path, spark):
-    query_dir = tmp_path / "query"
-    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
-    # 20 minutes of queries, one every 10 s; the cache tier holds those from minute 10 on.
+    # 20 minutes of queries, one every 10 s; the durable tier holds those from minute 10 on.
     write_lines(query_dir / "a" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(0, 1200, 10)])
     complete_from = T0 + 600 * SECOND
-    progress = ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", cache_since_us=complete_from)
-    # c1's query is older than the cache (in the logs), c2's is cached, c3's and c4's were never
-    # logged: c3's time is within the cache's slack of its start, c4's well inside.
+    ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", cache_since_us=complete_from)
+    # c1's query is older than the durable tier (in the logs), c2's is there, c3's and c4's were
+    # never logged: c3's time is within the tier's slack of its start, c4's well inside.
     wanted = {"c1": qid("10.1.0.1:7", 100), "c2": qid("10.1.0.1:7", 900), "c3": qid("10.1.0.1:7", 605),
               "c4": qid("10.1.0.1:7", 1105)}
     clicks = [click(cid(c), q, T0 + 1200 * SECOND) for c, q in wanted.items()]
     event_store = EventStore(read_table(spark, "query_logs", tables["query_logs"]),
                              read_table(spark, "log_file_map", tables["log_file_map"]), query_dir, 10, 4096, 65536,
-                             ingested_until={writer: ts for writer, (_, ts) in progress.items()},
-                             cache_complete_from_us=complete_from)
-    found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, clicks))
-    assert {name(r.click_id) for r in found.collect()} == {"c1", "c2"}
-    assert sorted(name(r.click_id) for r in not_found.collect()) == ["c3", "c4"]
+                             durable_complete_from_us=complete_from)
+    assert set(beyond(event_store, clicks_frame(spark, tmp_path, clicks))) == {"c1", "c2"}
     stats = event_store.stats
     # The logs tier read c1's range and c3's, not c4's.
-    assert (stats.cache_hits, stats.logs_hits, stats.not_found, stats.logs_ranges_read) == (1, 1, 2, 2)
+    assert (stats.durable_hits, stats.logs_hits, stats.logs_ranges_read) == (1, 1, 2)
     event_store.release()
 
 
-def test_the_cache_tier_is_searched_around_the_times_the_query_ids_name(tmp_path, spark):
+def test_the_durable_tier_is_searched_around_the_times_the_query_ids_name(tmp_path, spark):
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     # An hour of queries, one a minute; one is logged with a timestamp two minutes off its id's. The
@@ -172,12 +151,12 @@ def test_the_cache_tier_is_searched_around_the_times_the_query_ids_name(tmp_path
     wanted = {"c1": qid("10.1.0.1:7", 1800), "c2": qid("10.1.0.1:7", 1801), "c3": qid("10.1.0.1:7", 3540)}
     clicks = [click(cid(c), q, T0 + 3600 * SECOND) for c, q in wanted.items()]
     event_store = store(spark, tables, query_dir)
-    found, not_found = event_store.lookup(clicks_frame(spark, tmp_path, clicks))
-    assert {name(r.click_id): r.query.query_id for r in found.collect()} == wanted and not_found.count() == 0
-    assert event_store.stats.cache_hits == 3
+    assert beyond(event_store, clicks_frame(spark, tmp_path, clicks)) == wanted
+    assert event_store.stats.durable_hits == 3
+    event_store.release()
 
 
-def test_the_cache_tier_stays_bounded_while_the_logs_grow(tmp_path, spark):
+def test_the_durable_tier_stays_bounded_while_the_logs_grow(tmp_path, spark):
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     retention = 120 * SECOND
@@ -186,18 +165,46 @@ def test_the_cache_tier_stays_bounded_while_the_logs_grow(tmp_path, spark):
         write_lines(query_dir / name, [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(batch * 60, batch * 60 + 60)])
         newest = T0 + (batch * 60 + 59) * SECOND
         ingest(spark, query_dir, tables, [name], f"dc1.query.{batch}", cache_since_us=newest - retention)
-        _, oldest_kept = evict_from_cache(spark, tables["query_logs"], "dc1", newest - retention, vacuum_retain_hours=0)
+        _, oldest_kept = evict_from_cache(spark, tables["query_logs"], "dc1", newest - retention)
         cached = read_table(spark, "query_logs", tables["query_logs"])
         assert cached.count() <= 121
         assert cached.agg(F.min("timestamp_us")).first()[0] == oldest_kept >= newest - retention
-    # Evicted rows' files are gone from disk, not only from the table's current version.
-    live = {p.split("/")[-1] for p in read_table(spark, "query_logs", tables["query_logs"]).inputFiles()}
-    on_disk = {p.name for p in (tmp_path / "warehouse" / "query_logs").rglob("*.parquet") if "_delta_log" not in p.parts}
-    assert on_disk == live
     # The log file map still indexes everything.
     old = clicks_frame(spark, tmp_path, [click(cid("c1"), qid("10.1.0.1:7", 3), T0)])
-    found, _ = store(spark, tables, query_dir).lookup(old)
-    assert [r.query.query_id for r in found.collect()] == [qid("10.1.0.1:7", 3)]
+    assert beyond(store(spark, tables, query_dir), old) == {"c1": qid("10.1.0.1:7", 3)}
+
+
+def test_the_memory_tier_answers_and_its_misses_are_conclusive_up_to_its_horizon(tmp_path, spark):
+    """A click whose query the memory tier holds is found with no table read; one whose query id names
+    a time past the tier's horizon, of a writer ingested past it, is not read for (the query was
+    never logged); once its time is below the horizon (an eviction), the durable and logs tiers are
+    asked; a writer not ingested up to the query's time is not read for either."""
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
+    write_lines(query_dir / "a" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(0, 100)])
+    writers = ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", registry=registry)
+    progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in writers.items()})
+    pending = PendingPolicy(progress, 86400.0, 2, 2.0, 600.0)
+    clicks = [click(cid("c1"), qid("10.1.0.1:7", 40), T0 + 50 * SECOND),
+              click(cid("stray"), f"10.1.0.1:7:{T0 + 40 * SECOND + 500_000}", T0 + 50 * SECOND),
+              click(cid("waits"), qid("10.1.0.1:7", 150), T0 + 150 * SECOND)]
+
+    def join(token, names):
+        frame = clicks_frame(spark, tmp_path, [c for c in clicks if name(c["click_id"]) in names])
+        return join_work_unit(spark, JoinInput(frame), store(spark, tables, query_dir), registry, token, 1, "dc1",
+                              tmp_path / "staging" / token, tables, pending)
+
+    first = join("dc1.click.0", {"c1", "stray", "waits"})
+    assert (first.memory_hits, first.joined, first.pending, first.not_ingested_yet) == (1, 1, 2, 1)
+    assert (first.durable_hits, first.logs_hits, first.logs_ranges_read) == (0, 0, 0)
+    # A newer piece evicts the first by event time: its queries are no longer conclusive.
+    write_lines(query_dir / "a" / "1.jsonl", [query(qid("10.1.0.1:7", 5000), T0 + 5000 * SECOND)])
+    ingest(spark, query_dir, tables, ["a/1.jsonl"], "dc1.query.1", registry=registry)
+    assert registry.queries_horizon("dc1") == T0 + 99 * SECOND
+    again = join("dc1.click.1", {"stray"})
+    assert (again.memory_hits, again.durable_hits, again.pending, again.logs_ranges_read) == (0, 0, 1, 1)
+    registry.close()
 
 
 def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoinable(tmp_path, spark):
@@ -215,20 +222,21 @@ def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoi
         click(cid("waits"), late_query, T0 + 10 * SECOND),
         click(cid("stray"), f"10.1.0.1:7:{T0 + 4 * SECOND + 500_000}", T0 + 9 * SECOND),  # its writer is past it
     ])
+    pending_path = tables["pending_clicks"]
 
     def policy(at=None, **overrides):
         knobs = {"unjoinable_after_seconds": 86400.0, "min_attempts": 2, "backoff_seconds": 2.0,
                  "backoff_max_seconds": 600.0, **overrides}
         return PendingPolicy(progress=at or progress, **knobs)
 
-    def join(frame, token, pending, retrying=False):
-        return join_work_unit(spark, frame, store(spark, tables, query_dir), registry, token, 1, "dc1",
-                              tmp_path / "staging" / token, tables, pending, retrying_pending=retrying)
+    def join(work, token, pending):
+        return join_work_unit(spark, work, store(spark, tables, query_dir), registry, token, 1, "dc1",
+                              tmp_path / "staging" / token, tables, pending)
 
-    first = join(clicks, "dc1.click.0", policy())
+    first = join(JoinInput(clicks), "dc1.click.0", policy())
     assert (first.joined, first.pending) == (1, 2)
-    waiting = read_table(spark, "pending_clicks", tables["pending_clicks"])
-    digest = policy().digest(spark, tables["pending_clicks"], "dc1")
+    waiting = pending_of(spark, pending_path, "dc1")
+    digest = policy().digest(spark, pending_path, "dc1")
     assert digest.pending == 2 and digest.retry_at is None and set(digest.needs) == {late_writer, "10.1.0.1:7"}
     # No new query data: no retry is due, now or later.
     assert not pending_retry_decision(digest, progress, 86400).ready
@@ -247,21 +255,21 @@ def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoi
     write_lines(query_dir / "late" / "0.jsonl", [query(late_query, T0 + 3 * 3600 * SECOND)])
     progress = QueryProgress.merge(progress_file, ingest(spark, query_dir, tables, ["late/0.jsonl"], "dc1.query.2"))
     assert pending_retry_decision(digest, progress, 86400).ready
-    due = policy().due(read_table(spark, "pending_clicks", tables["pending_clicks"]), now=time.time() + 3)
+    due = policy().due(pending_of(spark, pending_path, "dc1"), now=time.time() + 3)
     assert [name(r.click_id) for r in due.collect()] == ["waits"]
-    retried = join(due, "dc1.pending.0", policy(), retrying=True)
+    retried = join(JoinInput(None, due), "dc1.pending.0", policy())
     assert (retried.joined, retried.pending) == (1, 0)
-    left = read_table(spark, "pending_clicks", tables["pending_clicks"]).collect()
+    left = pending_of(spark, pending_path, "dc1").collect()
     assert [(name(r.click_id), r.attempts) for r in left] == [("stray", 1)]
 
     # The stray click is now far behind the query stream: one last lookup, then unjoinable.
     aged = policy(unjoinable_after_seconds=3600)
-    due = aged.due(read_table(spark, "pending_clicks", tables["pending_clicks"]), now=time.time() + 3)
-    final = join(due, "dc1.pending.1", aged, retrying=True)
+    due = aged.due(pending_of(spark, pending_path, "dc1"), now=time.time() + 3)
+    final = join(JoinInput(None, due), "dc1.pending.1", aged)
     assert (final.given_up, final.pending) == (1, 0)
     [row] = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"]).collect()
     assert name(row.click_id) == "stray" and row.reason.startswith("query not found in 2 lookups")
-    assert read_table(spark, "pending_clicks", tables["pending_clicks"]).count() == 0
+    assert pending_of(spark, pending_path, "dc1").count() == 0
     joined = read_table(spark, "joined_clicks", tables["joined_clicks"])
     assert sorted(name(r.click_id) for r in joined.collect()) == ["joins-now", "waits"]
     registry.close()

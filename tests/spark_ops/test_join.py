@@ -8,8 +8,8 @@ from resources.layout import TABLES
 from resources.registry_shards import ShardedIdRegistry
 from resources.stream_state import QueryProgress, WriterProgress
 from spark_ops.event_store import EventStore
-from spark_ops.ingest import ingest_queries, line_stats
-from spark_ops.join import CAPPED_REASON, CRASH_POINTS, join_work_unit, window_advice
+from spark_ops.ingest import MemoryTier, ingest_queries, line_stats
+from spark_ops.join import CAPPED_REASON, CRASH_POINTS, JoinInput, join_work_unit, window_advice
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy
 from spark_ops.tables import read_table
@@ -35,12 +35,13 @@ def world(tmp_path, spark):
     qfile = write_lines(logs / "query" / "w" / "0.jsonl", QUERIES)
     cfile = write_lines(logs / "click" / "w" / "0.jsonl", CLICKS)
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     parsed = parse_ranges(spark, "query", logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)])
     stats = line_stats(parsed, by_writer=True)
-    ingest_queries(parsed, stats, "dc1", "dc1.query.0", 1, tables, 10, 1 << 20)
+    ingest_queries(parsed, stats, "dc1", "dc1.query.0", 1, tables, 10, 1 << 20, MemoryTier(registry, 3600, 1 << 30),
+                   ingested_before_ts=None, latest_valid_ts=10**16, staging=tmp_path / "staging" / "q")
     progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in stats.writers.items()})
     clicks = events(parse_ranges(spark, "click", logs / "click", [ByteRange("w/0.jsonl", 0, cfile.stat().st_size)]))
-    registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     yield {"spark": spark, "tables": tables, "clicks": clicks, "registry": registry, "tmp": tmp_path,
            "query_dir": logs / "query", "progress": progress}
     registry.close()
@@ -62,7 +63,7 @@ def policy(world, **overrides) -> PendingPolicy:
 def run(world, token="dc1.click.0", dc="dc1", registry=None, checkpoint=lambda point: None, pending=None, attempt=1,
         **kwargs):
     return join_work_unit(
-        world["spark"], world["clicks"], event_store(world), registry or world["registry"], token, attempt, dc,
+        world["spark"], JoinInput(world["clicks"]), event_store(world), registry or world["registry"], token, attempt, dc,
         world["tmp"] / "staging" / token, world["tables"], pending or policy(world), checkpoint=checkpoint, **kwargs,
     )
 
@@ -161,7 +162,7 @@ def test_absurd_timestamps_are_unjoinable_at_once_and_alike_in_every_attempt(wor
     validity = TimestampValidity(clock_us=5000, future_tolerance_us=1000, before_query_tolerance_us=100)
 
     def attempt(n, checkpoint=lambda point: None):
-        return join_work_unit(spark, clicks, event_store(world), world["registry"], "dc1.click.9", n, "dc1",
+        return join_work_unit(spark, JoinInput(clicks), event_store(world), world["registry"], "dc1.click.9", n, "dc1",
                               tmp / "staging" / f"absurd{n}", world["tables"], policy(world), checkpoint=checkpoint,
                               validity=validity)
 
@@ -203,7 +204,7 @@ def test_a_query_with_many_clicks_is_capped_across_work_units_and_alike_in_every
     def unit(name, lines, token, dc="dc1", n=1, checkpoint=lambda point: None):
         path = write_lines(tmp / "logs" / dc / "click" / "w" / f"{name}.jsonl", lines)
         clicks = events(parse_ranges(spark, "click", tmp / "logs" / dc / "click", [ByteRange(f"w/{name}.jsonl", 0, path.stat().st_size)]))
-        return join_work_unit(spark, clicks, event_store(world), world["registry"], token, n, dc,
+        return join_work_unit(spark, JoinInput(clicks), event_store(world), world["registry"], token, n, dc,
                               tmp / "staging" / f"{token}.{n}", world["tables"], policy(world), checkpoint=checkpoint,
                               max_clicks_per_query=4)
 

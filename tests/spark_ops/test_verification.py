@@ -7,6 +7,7 @@ import sys
 from pyspark.sql import types as T
 
 from resources.layout import TABLES
+from spark_ops.pending import pending_of
 from spark_ops.tables import TABLE_SCHEMAS, append_once, read_table, table_lock
 from spark_ops.verification import (
     add_pending,
@@ -73,6 +74,7 @@ def test_reinjection_is_idempotent(spark, tmp_path):
     add_pending(spark, path, rows)
     add_pending(spark, path, rows)
     assert read_table(spark, "pending_clicks", path).count() == 1
+    assert [r.click_id for r in pending_of(spark, path).collect()] == ["a"]
 
 
 def test_storage_loss_is_found_and_the_table_rewritten_from_what_remains(spark, tmp_path):

@@ -1,0 +1,71 @@
+"""Table maintenance, off the click path: what a pass would otherwise pay for now and then.
+
+Per datacenter: the durable tier's queries older than its retention leave `query_logs`, once its
+boundary has passed the oldest one held; the pending clicks' records are compacted to the current
+ones (spark_ops/pending.py). Every table's small files (a pass appends one or two per table) are
+compacted (`OPTIMIZE`), and files no version younger than `query_cache_vacuum_retain_hours` needs
+are deleted (`VACUUM`): a run reading an older snapshot keeps its files.
+"""
+
+import time
+
+import dagster as dg
+
+from resources.settings import PipelineSettings
+from resources.spark import SparkResource
+from resources.storage import WarehouseResource
+from resources.stream_state import QueryCache, QueryProgress, durable_tier_boundary_us
+from spark_ops.event_store import evict_from_cache
+from spark_ops.meter import count_commit, metered
+from spark_ops.pending import compact_pending
+from spark_ops.tables import delta_path, ensure_table, table_lock
+
+MAINTENANCE_JOB = "maintain_tables"
+# Small files are compacted where the passes add them; click_aggregates is rewritten by its refreshes.
+COMPACTED = ("query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "pending_clicks",
+             "quarantined_lines")
+
+
+def evict_durable_tier(spark, warehouse: WarehouseResource, settings: PipelineSettings, dc: str, now_us: int) -> int:
+    """A datacenter's queries older than the durable tier's boundary removed; returns how many."""
+    cache_file = warehouse.layout.query_cache_file(dc)
+    progress = QueryProgress.load(warehouse.layout.query_progress_file(dc))
+    boundary = durable_tier_boundary_us(progress.max_ts, settings.query_cache_retention_seconds, now_us)
+    if boundary is None or not QueryCache.load(cache_file).needs_eviction(boundary):
+        return 0
+    evicted, oldest_kept = evict_from_cache(spark, warehouse.tables()["query_logs"], dc, boundary)
+    QueryCache.scanned(cache_file, boundary if oldest_kept is None else oldest_kept)
+    return evicted
+
+
+@dg.op(description="Evict the durable tier's old queries, compact the pending clicks' records, compact small "
+       "files and delete unreferenced ones, in every table.")
+def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: WarehouseResource,
+             settings: PipelineSettings) -> dg.Output[dict]:
+    with metered() as meter:
+        session = spark.session()
+        tables = warehouse.tables()
+        now_us = time.time_ns() // 1000
+        done: dict = {"queries_evicted": {}, "pending_records": {}}
+        for dc in warehouse.layout.datacenters():
+            done["queries_evicted"][dc] = evict_durable_tier(session, warehouse, settings, dc, now_us)
+            before, after = compact_pending(session, tables["pending_clicks"], dc)
+            done["pending_records"][dc] = {"before": before, "after": after}
+        meter.phase("evict_and_compact_pending")
+        for name in COMPACTED:
+            path = tables[name]
+            ensure_table(session, name, path)
+            with table_lock(path):
+                session.sql(f"OPTIMIZE {delta_path(path)}")
+                count_commit(name)
+                session.sql(f"VACUUM {delta_path(path)} RETAIN {float(settings.query_cache_vacuum_retain_hours)} HOURS")
+        meter.phase("optimize_and_vacuum")
+        cost = meter.metadata()
+    context.log.info(f"table maintenance: {done}")
+    return dg.Output(done, metadata={**{k: dg.JsonMetadataValue(v) for k, v in done.items()}, **cost})
+
+
+@dg.job(name=MAINTENANCE_JOB, tags={"photon/kind": "maintenance"},
+        description="Table maintenance, off the click path (photon_assets/maintenance.py).")
+def maintain_tables_job():
+    maintain()

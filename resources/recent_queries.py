@@ -1,0 +1,170 @@
+"""The EventStore's memory tier (Photon §3.4.1, the CacheEventStore): the recent query lines of each
+datacenter, held by a long-lived process and looked up by query id.
+
+It lives in the registry service (resources/registry_service.py), the one process that outlives
+every run in both deployments: `photon run` executes runs in its own process, but under `photon up`
+each run is a process of its own, and only a service they all call can serve them from memory. (A
+Spark cache on the Connect server would be shared too, but a click batch joined against a few
+million cached rows costs ~0.7 s, and ~5 s once the rows are spread over a piece per pass; a lookup
+here costs tens of milliseconds: docs/STACK.md.)
+
+Query runs put their work unit's valid query lines here before they append them to `query_logs`
+(the durable tier) and record the writers' progress; a click run's executors look their clicks'
+query ids up here first. What is held is bounded: by event time (pieces whose newest query is more
+than `retention_seconds` behind the datacenter's newest are dropped) and by bytes (the oldest
+pieces go first). Everything is lost when the process ends; the durable tiers answer then.
+
+The horizon makes a miss conclusive. Every query ingested after this process started holds its put
+(a query run puts before it records progress), and pieces leave only by eviction. So the horizon of
+a datacenter is the newest query-id time it may lack: the query stream's progress when its first
+piece came (earlier work units were ingested before this process held anything), raised by each
+eviction to the evicted piece's newest. A query whose id names a later time, from a writer ingested
+past that time, that is not here, was never ingested. Unknown (None) until a first put: nothing is
+conclusive then.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+PIECE_SCHEMA = pa.schema([pa.field("query_id", pa.string()), pa.field("line", pa.string())])
+WANTED_SCHEMA = pa.schema([pa.field("query_id", pa.string())])
+
+
+def id_times(query_ids: pa.Array) -> pa.Array:
+    """The time each query id names (`<server_ip>:<process_id>:<timestamp_us>`; ids that do not
+    have this form give null)."""
+    parts = pc.extract_regex(query_ids, r":(?P<ts>[0-9]+)$")
+    return pc.cast(pc.struct_field(parts, "ts"), pa.int64())
+
+
+@dataclass
+class Piece:
+    """One work unit's query lines (or one partition's of them: a unit's tasks put separately)."""
+
+    table: pa.Table  # query_id, line
+    min_ts: int  # the times its query ids name
+    max_ts: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes
+
+
+@dataclass
+class _Datacenter:
+    pieces: OrderedDict = field(default_factory=OrderedDict)  # (unit, attempt, part) -> Piece, oldest first
+    horizon_ts: int | None = None  # see the module docstring; None: unknown
+    started: bool = False
+    newest_ts: int | None = None
+    hits: int = 0
+    misses: int = 0
+    evicted_rows: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.pieces.values())
+
+    @property
+    def rows(self) -> int:
+        return sum(p.table.num_rows for p in self.pieces.values())
+
+
+class RecentQueries:
+    """Thread-safe; every call is short (Arrow compute over the pieces, no per-row Python)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._dcs: dict[str, _Datacenter] = {}
+
+    def put(self, dc: str, unit: str, attempt: int, part: int, queries: pa.Table, ingested_before_ts: int | None,
+            latest_valid_ts: int, retention_seconds: float, budget_bytes: int) -> dict:
+        """Holds one task's share of a work unit's query lines (`queries`: query_id, line). A later
+        attempt of the unit replaces an earlier one's pieces; the same task again replaces its own.
+        `ingested_before_ts`: the query stream's progress before this unit (None: nothing ingested);
+        `latest_valid_ts`: queries whose ids name a later time are from the future (spark_ops/validity.py):
+        they are not held (one would hold the eviction clock and the horizon up), and their clicks
+        wait until the query stream's progress passes them, then find them in the durable tier."""
+        table = queries.select(PIECE_SCHEMA.names).cast(PIECE_SCHEMA)
+        times = id_times(table["query_id"])
+        table = table.filter(pc.less_equal(times, latest_valid_ts)).combine_chunks()
+        bounds = pc.min_max(id_times(table["query_id"]))
+        with self._lock:
+            held = self._dcs.setdefault(dc, _Datacenter())
+            if not held.started:
+                held.started = True
+                held.horizon_ts = -1 if ingested_before_ts is None else ingested_before_ts
+            for key in [k for k in held.pieces if k[0] == unit and k[1] != attempt]:
+                held.pieces.pop(key)  # nothing of an earlier attempt is kept: it could differ
+            if table.num_rows and bounds["min"].is_valid:
+                low, high = bounds["min"].as_py(), bounds["max"].as_py()
+                held.pieces[(unit, attempt, part)] = Piece(table, low, high)
+                held.pieces.move_to_end((unit, attempt, part))
+                held.newest_ts = high if held.newest_ts is None else max(held.newest_ts, high)
+            evicted = self._evict(held, int(retention_seconds * 1e6), budget_bytes)
+            return {"rows": held.rows, "bytes": held.nbytes, "evicted_pieces": evicted}
+
+    @staticmethod
+    def _evict(held: _Datacenter, retention_us: int, budget_bytes: int) -> int:
+        # Oldest by event time first: a piece of a late shipment may be put after newer ones.
+        order = sorted(held.pieces, key=lambda k: held.pieces[k].max_ts)
+        evicted = 0
+        total = held.nbytes
+        for key in order:
+            piece = held.pieces[key]
+            too_old = held.newest_ts is not None and piece.max_ts < held.newest_ts - retention_us
+            if not too_old and total <= budget_bytes:
+                break
+            held.pieces.pop(key)
+            total -= piece.nbytes
+            held.horizon_ts = max(held.horizon_ts, piece.max_ts)
+            held.evicted_rows += piece.table.num_rows
+            evicted += 1
+        return evicted
+
+    def get(self, dc: str, wanted: pa.Table) -> pa.Table:
+        """(query_id, line) of each wanted query id held, once each."""
+        ids = wanted.column("query_id").combine_chunks()
+        with self._lock:
+            held = self._dcs.get(dc)
+            pieces = list(held.pieces.values()) if held else []
+        unique = pc.unique(ids.drop_null()) if len(ids) else ids
+        found = []
+        if len(unique):
+            times = id_times(unique)
+            bounds = pc.min_max(times)
+            low, high = bounds["min"].as_py(), bounds["max"].as_py()
+            for piece in pieces:
+                # A piece outside the times the wanted ids name cannot hold them.
+                if low is not None and (piece.max_ts < low or piece.min_ts > high):
+                    continue
+                hit = piece.table.filter(pc.is_in(piece.table["query_id"], value_set=unique))
+                if hit.num_rows:
+                    found.append(hit)
+        table = pa.concat_tables(found) if found else PIECE_SCHEMA.empty_table()
+        if table.num_rows:
+            # A query line logged twice is one query: keep its first copy.
+            first = pc.equal(pc.index_in(table["query_id"], value_set=table["query_id"]),
+                             pa.array(range(table.num_rows), pa.int32()))
+            table = table.filter(first)
+        with self._lock:
+            if held is not None:
+                held.hits += table.num_rows
+                held.misses += len(unique) - table.num_rows
+        return table
+
+    def horizon(self, dc: str) -> int | None:
+        with self._lock:
+            held = self._dcs.get(dc)
+            return held.horizon_ts if held else None
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {dc: {"rows": h.rows, "bytes": h.nbytes, "pieces": len(h.pieces), "horizon_ts": h.horizon_ts,
+                         "newest_ts": h.newest_ts, "hits": h.hits, "misses": h.misses, "evicted_rows": h.evicted_rows}
+                    for dc, h in self._dcs.items()}

@@ -1,0 +1,94 @@
+"""Sensors for the work kept off the click path: refreshing click_aggregates and maintaining the tables.
+
+Each requests a run at most every so often (PipelineSettings: aggregates_refresh_seconds,
+maintenance_every_seconds), never while one of its runs is queued or running. The aggregates refresh
+runs only when `joined_clicks` has a version its last refresh did not reach; its run key names that
+version (and a try number, should a run for it fail). Maintenance runs are numbered.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import dagster as dg
+import deltalake
+
+from photon_assets.jobs import REFRESH_AGGREGATES_JOB
+from photon_assets.maintenance import MAINTENANCE_JOB
+from photon_assets.work_unit import UNFINISHED
+from resources.layout import DataLayout
+from resources.settings import PipelineSettings
+from sensors.dispatcher import MIN_INTERVAL_SECONDS, default_status, read_cursor, run_loggers, write_cursor
+
+AGGREGATES_SENSOR = "click_aggregates_refresher"
+MAINTENANCE_SENSOR = "table_maintenance"
+
+
+def runs_in_flight(instance: dg.DagsterInstance, job_name: str) -> int:
+    return instance.get_runs_count(dg.RunsFilter(job_name=job_name, statuses=list(UNFINISHED)))
+
+
+def refreshed_version(instance: dg.DagsterInstance) -> int:
+    """The joined_clicks version the latest refresh of click_aggregates reached (-1: none yet)."""
+    event = instance.get_latest_materialization_event(dg.AssetKey("click_aggregates"))
+    value = event.asset_materialization.metadata.get("joined_clicks_version") if event else None
+    return -1 if value is None else int(value.value)
+
+
+def aggregates_refresher(data_dir: str) -> dg.SensorDefinition:
+    @dg.sensor(
+        name=AGGREGATES_SENSOR,
+        job_name=REFRESH_AGGREGATES_JOB,
+        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
+        default_status=default_status(),
+        description="Refreshes click_aggregates with the rows joined since its last refresh, at most every "
+        "aggregates_refresh_seconds (off the click path: a pass does not wait for it).",
+    )
+    def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
+        cursor = read_cursor(context.cursor, requested_at=0.0, version=-1, tries=0)
+        joined = DataLayout(Path(data_dir)).table("joined_clicks")
+        if not (Path(joined) / "_delta_log").is_dir():
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="no joined clicks yet")
+        version = deltalake.DeltaTable(joined).version()
+        if refreshed_version(context.instance) >= version:
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"up to date with joined_clicks version {version}")
+        if runs_in_flight(context.instance, REFRESH_AGGREGATES_JOB):
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="a refresh is queued or running")
+        wait = cursor["requested_at"] + settings.aggregates_refresh_seconds - time.time()
+        if wait > 0:
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next refresh in {wait:.0f} s")
+        tries = cursor["tries"] + 1 if cursor["version"] == version else 1
+        key = f"aggregates.v{version}" + (f"#{tries}" if tries > 1 else "")
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=key, run_config=run_loggers(), tags={"photon/kind": "aggregates"})],
+            cursor=write_cursor({"requested_at": time.time(), "version": version, "tries": tries}),
+        )
+
+    return _sensor
+
+
+def table_maintainer() -> dg.SensorDefinition:
+    @dg.sensor(
+        name=MAINTENANCE_SENSOR,
+        job_name=MAINTENANCE_JOB,
+        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
+        default_status=default_status(),
+        description="Maintains the tables every maintenance_every_seconds (photon_assets/maintenance.py): "
+        "durable tier eviction, pending-click records compacted, small files compacted and vacuumed.",
+    )
+    def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
+        now = time.time()
+        cursor = read_cursor(context.cursor, since=now, requested=0)
+        if runs_in_flight(context.instance, MAINTENANCE_JOB):
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="maintenance is queued or running")
+        wait = cursor["since"] + settings.maintenance_every_seconds - now
+        if wait > 0:
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next maintenance in {wait:.0f} s")
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=f"maintenance.{cursor['requested']}", run_config=run_loggers(),
+                                        tags={"photon/kind": "maintenance"})],
+            cursor=write_cursor({"since": now, "requested": cursor["requested"] + 1}),
+        )
+
+    return _sensor

@@ -1,0 +1,59 @@
+"""The EventStore's memory tier (resources/recent_queries.py): pieces held by work unit, looked up by
+query id, evicted by event time and by bytes, and the horizon that makes a miss conclusive."""
+
+import pyarrow as pa
+
+from resources.recent_queries import RecentQueries
+
+SECOND = 1_000_000
+NOW = 1_700_000_000 * SECOND
+
+
+def lines(writer: str, times: list[int]) -> pa.Table:
+    ids = [f"{writer}:{t}" for t in times]
+    return pa.table({"query_id": ids, "line": [f'{{"query_id":"{i}"}}' for i in ids]})
+
+
+def wanted(*ids: str) -> pa.Table:
+    return pa.table({"query_id": list(ids)})
+
+
+def put(store, unit, table, attempt=1, part=0, before=None, retention=600, budget=1 << 30, dc="dc1"):
+    return store.put(dc, unit, attempt, part, table, before, NOW + 300 * SECOND, retention, budget)
+
+
+def test_lookups_find_each_held_query_once_and_count_hits_and_misses():
+    store = RecentQueries()
+    put(store, "u1", lines("10.1.0.1:7", [NOW, NOW + SECOND]))
+    put(store, "u2", lines("10.1.0.1:7", [NOW + SECOND, NOW + 2 * SECOND]))  # a duplicate line of a query
+    found = store.get("dc1", wanted(f"10.1.0.1:7:{NOW + SECOND}", f"10.1.0.1:7:{NOW + 2 * SECOND}", "10.1.0.1:7:5",
+                                    f"10.1.0.1:7:{NOW + SECOND}"))
+    assert sorted(found["query_id"].to_pylist()) == [f"10.1.0.1:7:{NOW + SECOND}", f"10.1.0.1:7:{NOW + 2 * SECOND}"]
+    assert store.get("dc2", wanted(f"10.1.0.1:7:{NOW}")).num_rows == 0  # held per datacenter
+    stats = store.stats()["dc1"]
+    assert (stats["hits"], stats["misses"], stats["pieces"], stats["rows"]) == (2, 1, 2, 4)
+
+
+def test_a_later_attempt_replaces_its_units_pieces_and_future_queries_are_not_held():
+    store = RecentQueries()
+    put(store, "u1", lines("10.1.0.1:7", [NOW]), attempt=1, part=0)
+    put(store, "u1", lines("10.1.0.1:7", [NOW + 5]), attempt=1, part=1)
+    put(store, "u1", lines("10.1.0.1:7", [NOW + 7, NOW + 3600 * SECOND]), attempt=2, part=0)
+    assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW}", f"10.1.0.1:7:{NOW + 5}")).num_rows == 0
+    assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW + 7}")).num_rows == 1
+    # An hour ahead of the clock (latest valid: now + 300 s): from the future, not held.
+    assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW + 3600 * SECOND}")).num_rows == 0
+
+
+def test_pieces_leave_by_event_time_and_by_bytes_and_raise_the_horizon():
+    store = RecentQueries()
+    assert store.horizon("dc1") is None  # nothing put since the process started: no miss is conclusive
+    put(store, "u1", lines("10.1.0.1:7", [NOW, NOW + 10 * SECOND]), before=NOW - SECOND)
+    assert store.horizon("dc1") == NOW - SECOND  # what was ingested before the first piece may be missing
+    put(store, "u2", lines("10.1.0.1:7", [NOW + 100 * SECOND]), retention=60)
+    assert store.horizon("dc1") == NOW + 10 * SECOND and store.stats()["dc1"]["pieces"] == 1
+    # Over the byte budget, the oldest piece goes first, whatever its age.
+    one = lines("10.1.0.2:8", [NOW + 101 * SECOND])
+    put(store, "u3", one, budget=int(1.5 * one.nbytes))
+    assert store.stats()["dc1"]["pieces"] == 1 and store.horizon("dc1") == NOW + 100 * SECOND
+    assert store.get("dc1", wanted(f"10.1.0.2:8:{NOW + 101 * SECOND}")).num_rows == 1
