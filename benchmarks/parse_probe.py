@@ -1,8 +1,8 @@
 """Parse probe (issue 21): is parsing query lines in the JVM worth a second parser?
 
 On the same query logs (`photon gen --queries N`), warm, in one local[2] session:
-1. pipeline: the pipeline's parse (spark_ops/parse.py: the Python parser in executors, msgspec), into a
-   persisted frame and counted as a query pass does (`line_stats`);
+1. pipeline: the pipeline's parse (spark_ops/parse.py: the Python parser in executors, msgspec), staged
+   as Parquet and counted as a query pass does (`stage_lines`, `line_stats`);
 2. jvm_read: Spark's text reader counting the lines and their bytes, the JVM's floor;
 3. jvm_contract: the same lines through `from_json` with the contract's schema plus the tests that
    would let the JVM accept a line only where the Python parser gives the same event: the lines'
@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.run import commit  # noqa: E402
 from resources.spark import delta_session  # noqa: E402
 from spark_ops.events import QUERY_REQUIRED  # noqa: E402
-from spark_ops.ingest import line_stats  # noqa: E402
-from spark_ops.parse import ByteRange, parse_ranges  # noqa: E402
+from spark_ops.ingest import line_stats, stage_lines  # noqa: E402
+from spark_ops.parse import ByteRange  # noqa: E402
 from spark_ops.schemas import AD  # noqa: E402
 
 EVENT_ID = r"^([0-9A-Fa-f.:\[\]]+?):([0-9]+):([0-9]+)$"
@@ -46,11 +46,9 @@ QUERY = T.StructType([T.StructField("query_id", T.StringType()), T.StructField("
 
 def pipeline(spark, query_dir: Path) -> int:
     ranges = [ByteRange(str(p.relative_to(query_dir)), 0, p.stat().st_size) for p in sorted(query_dir.rglob("*.jsonl"))]
-    parsed = parse_ranges(spark, "query", query_dir, ranges).persist()
-    try:
-        return line_stats(parsed, by_writer=True).events
-    finally:
-        parsed.unpersist()
+    staged = query_dir.parent.parent.parent / "staging" / "parse_probe"
+    stage_lines(spark, "query", query_dir, ranges, 65536, staged)
+    return line_stats(staged, by_writer=True).events
 
 
 def jvm_read(spark, query_dir: Path) -> int:

@@ -75,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     sc.add_argument("--port", type=int, default=15002)
     sc.add_argument("--host", default="127.0.0.1")
     sc.add_argument("--master", default="local[2]", help="local[N], or spark://HOST:PORT of a standalone cluster")
-    sc.add_argument("--driver-memory", default="4g")
+    sc.add_argument("--driver-memory", help="the JVM heap (default: resources/spark.py DRIVER_MEMORY, 2g)")
 
     reg = commands.add_parser("registry", help="the IdRegistry service (shared secret: env PHOTON_REGISTRY_SECRET)")
     actions = reg.add_subparsers(dest="registry_command", required=True, parser_class=OneLineParser)
@@ -239,7 +239,8 @@ def command_spark_connect(args) -> int:
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port {args.port} is not a port number")
-    command = server_command(args.port, master=args.master, driver_memory=args.driver_memory, host=args.host)
+    memory = {"driver_memory": args.driver_memory} if args.driver_memory else {}
+    command = server_command(args.port, master=args.master, host=args.host, **memory)
     sys.stdout.flush()
     os.execve(command[0], command, server_environment(args.host))
 

@@ -63,7 +63,18 @@ run_coordinator:
       - key: photon/uses_registry
         value: "true"
         limit: 1
+      # Work kept off the click path (aggregates refresh, table maintenance; photon_assets/jobs.py)
+      # and the freshness check's runs take one slot at most: the other is the work units'.
+      - key: photon/off_click_path
+        value: "true"
+        limit: 1
+      - key: dagster/sensor_name
+        value: joined_clicks_freshness_sensor
+        limit: 1
 telemetry:
+  enabled: false
+# No community sign-up dialog over the UI of a deployment.
+nux:
   enabled: false
 """
 

@@ -6,7 +6,6 @@ from functools import partial
 
 import dagster as dg
 import pydantic
-from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
@@ -20,12 +19,12 @@ from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from resources.stream_state import EventTimeWatermark, PendingDigest, QueryCache, QueryProgress, pending_retry_decision
 from spark_ops.aggregates import refresh_aggregates
-from spark_ops.event_store import EventStore
-from spark_ops.ingest import IngestStats, ingest_clicks
+from spark_ops.event_store import DurableTiers, EventStore
+from spark_ops.ingest import IngestStats, ingest_clicks, stage_lines
 from spark_ops.join import EVENT_STORE_COUNTS, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
-from spark_ops.parse import events, parse_ranges
-from spark_ops.pending import PendingPolicy, pending_of
+from spark_ops.parse import events
+from spark_ops.pending import PendingPolicy
 from spark_ops.tables import read_table, row_count
 from spark_ops.validity import TimestampValidity
 
@@ -41,19 +40,17 @@ def pending_policy(progress: QueryProgress, settings: PipelineSettings) -> Pendi
 
 
 def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, dc: str, settings: PipelineSettings):
-    """The durable and logs tiers of `dc`'s EventStore (the memory tier is asked by the lookup)."""
-    in_dc = F.col("dc") == dc
-    # Read after the progress (the caller's) and before the tables, as the EventStore needs.
-    cache = QueryCache.load(warehouse.layout.query_cache_file(dc))
-    return EventStore(
-        durable=read_table(session, "query_logs", tables["query_logs"]).where(in_dc),
-        log_file_map=read_table(session, "log_file_map", tables["log_file_map"]).where(in_dc),
-        query_dir=warehouse.stream_dir(dc, "query"),
-        map_every_seconds=settings.log_file_map_every_seconds,
-        map_every_bytes=settings.log_file_map_every_bytes,
-        max_line_bytes=settings.max_line_bytes,
-        durable_complete_from_us=cache.complete_from_ts,
-    )
+    """The durable and logs tiers of `dc`'s EventStore (the memory tier is asked by the lookup), read
+    when first needed: after the writers' progress (the caller's), as the EventStore needs."""
+    def tiers() -> DurableTiers:
+        in_dc = F.col("dc") == dc
+        cache = QueryCache.load(warehouse.layout.query_cache_file(dc))  # before the tables
+        return DurableTiers(read_table(session, "query_logs", tables["query_logs"]).where(in_dc),
+                            read_table(session, "log_file_map", tables["log_file_map"]).where(in_dc),
+                            cache.complete_from_ts)
+
+    return EventStore(tiers, warehouse.stream_dir(dc, "query"), settings.log_file_map_every_seconds,
+                      settings.log_file_map_every_bytes, settings.max_line_bytes)
 
 
 @dg.multi_asset(
@@ -168,51 +165,47 @@ def join_pass(
     """One click work unit: its new lines parsed and recorded in the ledger, joined with the due
     pending clicks, and what is still pending summed up for the sensors."""
     ingest = IngestStats()
-    parsed = None
+    staging = warehouse.staging_dir(config.work_unit, config.attempt)
     # Read before the EventStore's tables: the progress never claims more than they hold.
     progress = QueryProgress.load(warehouse.layout.query_progress_file(config.dc))
     policy = pending_policy(progress, settings)
     validity = TimestampValidity.of(config.clock(), settings.future_tolerance_seconds,
                                     settings.before_query_tolerance_seconds)
     pending_path = tables["pending_clicks"]
-    try:
-        if config.kind == PENDING:
-            work = JoinInput(None, policy.due(pending_of(session, pending_path, config.dc)))
-        else:
-            parsed = parse_ranges(
-                session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(), settings.max_line_bytes
-            ).persist(StorageLevel.MEMORY_AND_DISK)
-            ingest = ingest_clicks(parsed, config.dc, config.work_unit, config.attempt, tables, validity.latest_valid_us,
-                                   EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
-            # Pending clicks that query data arrived for are retried here rather than by a run of
-            # their own: a live pass then pays one click run's fixed cost, not two.
-            retrying = pending_retry_decision(
-                PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)), progress,
-                settings.unjoinable_after_seconds,
-            ).ready
-            work = JoinInput(events(parsed), policy.due(pending_of(session, pending_path, config.dc)) if retrying else None)
-        meter.phase("parse_and_ledger")
-        stats = join_work_unit(
-            session,
-            work,
-            event_store(session, tables, warehouse, config.dc, settings),
-            registry.get(),
-            config.token,
-            config.attempt,
-            config.dc,
-            warehouse.staging_dir(config.work_unit, config.attempt),
-            tables,
-            policy,
-            adapter=load_adapter(settings.adapter),
-            checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
-            validity=validity,
-            max_clicks_per_query=settings.max_clicks_per_query,
-        )
-    finally:
-        if parsed is not None:
-            parsed.unpersist()
+    if config.kind == PENDING:
+        work = JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due"))
+    else:
+        parsed = stage_lines(session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(),
+                             settings.max_line_bytes, staging / "lines")
+        ingest = ingest_clicks(parsed, staging / "lines", config.dc, config.work_unit, config.attempt, tables,
+                               validity.latest_valid_us,
+                               EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
+        # Pending clicks that query data arrived for are retried here rather than by a run of
+        # their own: a live pass then pays one click run's fixed cost, not two.
+        retrying = pending_retry_decision(
+            PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)), progress,
+            settings.unjoinable_after_seconds,
+        ).ready
+        work = JoinInput(events(parsed), policy.due(session, pending_path, config.dc, staging / "due") if retrying else None)
+    meter.phase("parse_and_ledger")
+    stats = join_work_unit(
+        session,
+        work,
+        event_store(session, tables, warehouse, config.dc, settings),
+        registry.get(),
+        config.token,
+        config.attempt,
+        config.dc,
+        staging,
+        tables,
+        policy,
+        adapter=load_adapter(settings.adapter),
+        checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
+        validity=validity,
+        max_clicks_per_query=settings.max_clicks_per_query,
+    )
     meter.phase("join_total")
-    digest = policy.digest(session, pending_path, config.dc)
+    digest = policy.digest(pending_path, config.dc)
     digest.save(warehouse.layout.pending_digest_file(config.dc))
     meter.phase("pending_digest")
     if config.kind == LOG_RANGES:

@@ -19,11 +19,16 @@ VERIFY_JOB = "verify"
 # under the daemon, dagster.yaml allows one such run at a time (see photon/runner.py). With the
 # registry service (`photon up`, PHOTON_REGISTRY_ADDRESS) no run opens the file: no tag, no limit.
 REGISTRY_TAGS = {"photon/uses_registry": "true"} if registry_mode_from_env() == "embedded" else {}
+# The work units' runs are the latency path: under the daemon's queue they go before the runs kept
+# off it (aggregates, maintenance, checks), which dagster.yaml also limits to one at a time.
+WORK_UNIT_TAGS = {**REGISTRY_TAGS, "dagster/priority": "1"}
+OFF_CLICK_PATH_TAGS = {"photon/off_click_path": "true"}
 
 ingest_queries_job = dg.define_asset_job(
     INGEST_QUERIES_JOB,
     selection=dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
     executor_def=dg.in_process_executor,
+    tags=WORK_UNIT_TAGS,  # a query run puts its lines in the memory tier, held by the registry
     description="Parse one work unit of query logs into query_logs and log_file_map.",
 )
 
@@ -31,7 +36,7 @@ join_clicks_job = dg.define_asset_job(
     JOIN_CLICKS_JOB,
     selection=dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks").without_checks(),
     executor_def=dg.in_process_executor,
-    tags=REGISTRY_TAGS,
+    tags=WORK_UNIT_TAGS,
     description="Join one work unit of clicks (new log bytes, or pending clicks) exactly once.",
 )
 
@@ -39,6 +44,7 @@ refresh_aggregates_job = dg.define_asset_job(
     REFRESH_AGGREGATES_JOB,
     selection=dg.AssetSelection.assets("click_aggregates").without_checks(),
     executor_def=dg.in_process_executor,
+    tags=OFF_CLICK_PATH_TAGS,
     description="Refresh click_aggregates with the rows joined since its last refresh (off the click path).",
 )
 

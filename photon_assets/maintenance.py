@@ -2,15 +2,20 @@
 
 Per datacenter: the durable tier's queries older than its retention leave `query_logs`, once its
 boundary has passed the oldest one held; the pending clicks' records are compacted to the current
-ones (spark_ops/pending.py). Every table's small files (a pass appends one or two per table) are
-compacted (`OPTIMIZE`), and files no version younger than `query_cache_vacuum_retain_hours` needs
-are deleted (`VACUUM`): a run reading an older snapshot keeps its files.
+ones (spark_ops/pending.py). A table's small files (a pass appends one or two per table) are
+compacted (`OPTIMIZE`) once it holds `maintenance_compact_at_files`. A table this run removed files
+from has the files no version younger than `query_cache_vacuum_retain_hours` needs deleted (`VACUUM`):
+a run reading an older snapshot keeps its files. Files removed by retries and recovery go with the
+table's next compaction. Each command costs seconds even with nothing to do, hence the conditions.
 """
 
 import time
+from pathlib import Path
 
 import dagster as dg
+import deltalake
 
+from photon_assets.jobs import OFF_CLICK_PATH_TAGS
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
@@ -18,7 +23,7 @@ from resources.stream_state import QueryCache, QueryProgress, durable_tier_bound
 from spark_ops.event_store import evict_from_cache
 from spark_ops.meter import count_commit, metered
 from spark_ops.pending import compact_pending
-from spark_ops.tables import delta_path, ensure_table, table_lock
+from spark_ops.tables import delta_path, table_lock
 
 MAINTENANCE_JOB = "maintain_tables"
 # Small files are compacted where the passes add them; click_aggregates is rewritten by its refreshes.
@@ -38,34 +43,54 @@ def evict_durable_tier(spark, warehouse: WarehouseResource, settings: PipelineSe
     return evicted
 
 
+def files_held(path: str) -> int:
+    """The data files a table's current version holds, from its log (deltalake, no Spark job)."""
+    return len(deltalake.DeltaTable(path).file_uris()) if Path(path, "_delta_log").is_dir() else 0
+
+
 @dg.op(description="Evict the durable tier's old queries, compact the pending clicks' records, compact small "
-       "files and delete unreferenced ones, in every table.")
+       "files and delete unreferenced ones, where a table needs it.")
 def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: WarehouseResource,
              settings: PipelineSettings) -> dg.Output[dict]:
     with metered() as meter:
         session = spark.session()
         tables = warehouse.tables()
         now_us = time.time_ns() // 1000
-        done: dict = {"queries_evicted": {}, "pending_records": {}}
+        done: dict = {"queries_evicted": {}, "pending_records": {}, "compacted": [], "vacuumed": []}
+        removed_from = set()  # tables this run left unreferenced files in
         for dc in warehouse.layout.datacenters():
             done["queries_evicted"][dc] = evict_durable_tier(session, warehouse, settings, dc, now_us)
             before, after = compact_pending(session, tables["pending_clicks"], dc)
             done["pending_records"][dc] = {"before": before, "after": after}
+            if done["queries_evicted"][dc]:
+                removed_from.add("query_logs")
+            if after < before:
+                removed_from.add("pending_clicks")
         meter.phase("evict_and_compact_pending")
         for name in COMPACTED:
             path = tables[name]
-            ensure_table(session, name, path)
-            with table_lock(path):
-                session.sql(f"OPTIMIZE {delta_path(path)}")
-                count_commit(name)
-                session.sql(f"VACUUM {delta_path(path)} RETAIN {float(settings.query_cache_vacuum_retain_hours)} HOURS")
-        meter.phase("optimize_and_vacuum")
+            # Each command costs seconds even with nothing to do: only where a pass's small files piled up.
+            if files_held(path) >= settings.maintenance_compact_at_files:
+                with table_lock(path):
+                    optimized = session.sql(f"OPTIMIZE {delta_path(path)}").collect()[0]["metrics"]
+                if optimized["numFilesRemoved"]:  # with nothing to compact, Delta commits nothing
+                    count_commit(name)
+                    done["compacted"].append(name)
+                    removed_from.add(name)
+        meter.phase("optimize")
+        for name in COMPACTED:
+            if name in removed_from:
+                path = tables[name]
+                with table_lock(path):
+                    session.sql(f"VACUUM {delta_path(path)} RETAIN {float(settings.query_cache_vacuum_retain_hours)} HOURS")
+                done["vacuumed"].append(name)
+        meter.phase("vacuum")
         cost = meter.metadata()
     context.log.info(f"table maintenance: {done}")
     return dg.Output(done, metadata={**{k: dg.JsonMetadataValue(v) for k, v in done.items()}, **cost})
 
 
-@dg.job(name=MAINTENANCE_JOB, tags={"photon/kind": "maintenance"},
+@dg.job(name=MAINTENANCE_JOB, tags={"photon/kind": "maintenance", **OFF_CLICK_PATH_TAGS},
         description="Table maintenance, off the click path (photon_assets/maintenance.py).")
 def maintain_tables_job():
     maintain()

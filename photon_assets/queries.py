@@ -5,7 +5,6 @@ import shutil
 import time
 
 import dagster as dg
-from pyspark import StorageLevel
 
 from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri
@@ -16,9 +15,9 @@ from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from resources.stream_state import EventTimeWatermark, QueryCache, QueryProgress, durable_tier_boundary_us
-from spark_ops.ingest import IngestStats, MemoryTier, ingest_queries, line_stats
+from spark_ops.ingest import IngestStats, ingest_queries, line_stats, stage_queries
 from spark_ops.meter import PassMeter, metered
-from spark_ops.parse import parse_ranges
+from spark_ops.registry_calls import QueryPut
 from spark_ops.tables import row_count
 
 
@@ -27,9 +26,10 @@ from spark_ops.tables import row_count
         dg.AssetSpec(
             "query_logs",
             metadata=column_schema("query_logs"),
-            description="The EventStore's durable tier: each datacenter's valid query lines of the last "
-            "query_cache_retention_seconds of event time, by query_id (Delta, partitioned by dc). The recent ones "
-            "are also held in memory by the registry service (the memory tier).",
+            description="The EventStore's durable tier: where each datacenter's valid query lines of the last "
+            "query_cache_retention_seconds of event time are in the raw logs (file, offset, length), by query_id "
+            "(Delta, partitioned by dc). The recent lines themselves are held in memory by the registry service "
+            "(the memory tier).",
             kinds={"delta", "spark"},
             group_name="event_store",
         ),
@@ -58,8 +58,8 @@ def ingest_query_logs(
         start_costs = run_start_costs(context)
         meter.phase("spark_session")
         tables = warehouse.tables()
-        stats, boundary, remembered, entries_added = ingest_pass(config, session, warehouse, registry, settings, tables,
-                                                                 meter)
+        stats, boundary, entries_added = ingest_pass(config, session, warehouse, registry, settings, tables, meter)
+        memory = registry.get().stats().get("recent_queries", {}).get(config.dc, {})
         watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
         cached_rows = row_count(session, "query_logs", tables["query_logs"])
         map_rows = row_count(session, "log_file_map", tables["log_file_map"])
@@ -81,7 +81,9 @@ def ingest_query_logs(
             **common,
             "dagster/row_count": cached_rows,
             "queries_added": stats.events,
-            "queries_held_in_memory": remembered,
+            # The EventStore's memory tier after this pass (resources/recent_queries.py).
+            "memory_tier_queries": memory.get("rows", 0),
+            "memory_tier_bytes": memory.get("bytes", 0),
             "queries_from_the_future": stats.future_events,
             **({"cache_since_us": boundary} if boundary is not None else {}),
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
@@ -105,44 +107,32 @@ def ingest_query_logs(
 def ingest_pass(
     config: WorkUnitConfig, session, warehouse: WarehouseResource, registry: IdRegistryResource,
     settings: PipelineSettings, tables: dict[str, str], meter: PassMeter,
-) -> tuple[IngestStats, int | None, int, int]:
+) -> tuple[IngestStats, int | None, int]:
     """A query work unit's lines parsed into the EventStore's tiers (memory, query_logs and the log
     file map); the writers' progress recorded once they are there. Returns the line counts, the
-    durable tier's boundary, the lines held in memory and the map entries added."""
-    parsed = parse_ranges(
-        session, "query", warehouse.stream_dir(config.dc, "query"), config.byte_ranges(), settings.max_line_bytes
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    durable tier's boundary and the map entries added."""
     staging = warehouse.staging_dir(config.work_unit, config.attempt)
     progress_file = warehouse.layout.query_progress_file(config.dc)
     watermark = EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "query")).watermark_us
     latest_valid = config.clock() + int(settings.future_tolerance_seconds * 1e6)
+    before = QueryProgress.load(progress_file).max_ts
+    put = QueryPut(registry.get(), config.dc, config.work_unit, config.attempt, before, latest_valid,
+                   settings.query_memory_seconds, settings.query_memory_bytes)
     try:
+        parsed = stage_queries(session, warehouse.stream_dir(config.dc, "query"), config.byte_ranges(),
+                               settings.max_line_bytes, put, staging / "parsed")
         # A query from the future is kept, but moves neither progress, the watermark nor the cache boundary.
-        stats = line_stats(parsed, by_writer=True, latest_valid_us=latest_valid, watermark_us=watermark)
+        stats = line_stats(staging / "parsed", by_writer=True, latest_valid_us=latest_valid, watermark_us=watermark)
         meter.phase("parse")
-        before = QueryProgress.load(progress_file).max_ts
         newest = max([before or 0, *(ts for _, ts in stats.writers.values())], default=0)
         boundary = durable_tier_boundary_us(newest or None, settings.query_cache_retention_seconds)
         if boundary is not None:
             QueryCache.caching_from(warehouse.layout.query_cache_file(config.dc), boundary)
-        remembered, entries_added = ingest_queries(
-            parsed,
-            stats,
-            config.dc,
-            config.work_unit,
-            config.attempt,
-            tables,
-            settings.log_file_map_every_seconds,
-            settings.log_file_map_every_bytes,
-            MemoryTier(registry.get(), settings.query_memory_seconds, settings.query_memory_bytes),
-            ingested_before_ts=before,
-            latest_valid_ts=latest_valid,
-            staging=staging,
-            cache_since_us=boundary,
-        )
+        entries_added = ingest_queries(parsed, staging / "parsed", stats, config.dc, config.work_unit, config.attempt,
+                                       tables, settings.log_file_map_every_seconds, settings.log_file_map_every_bytes,
+                                       cache_since_us=boundary)
         meter.phase("append")
     finally:
-        parsed.unpersist()
         shutil.rmtree(staging, ignore_errors=True)
     # Only after the appends: a click run that reads this progress finds these queries in a table.
     QueryProgress.merge(progress_file, stats.writers)
@@ -150,4 +140,4 @@ def ingest_pass(
         # A lower bound of what this unit cached: nothing older than the boundary went in.
         oldest = min(ts for ts, _ in stats.writers.values())
         QueryCache.cached(warehouse.layout.query_cache_file(config.dc), oldest if boundary is None else max(oldest, boundary))
-    return stats, boundary, remembered, entries_added
+    return stats, boundary, entries_added

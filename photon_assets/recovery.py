@@ -109,7 +109,7 @@ def recover_clicks(
     # The pending-click dispatchers of these datacenters act on their digests.
     for dc in dcs:
         policy = pending_policy(QueryProgress.load(layout.query_progress_file(dc)), settings)
-        policy.digest(session, tables["pending_clicks"], dc).save(layout.pending_digest_file(dc))
+        policy.digest(tables["pending_clicks"], dc).save(layout.pending_digest_file(dc))
     if counts["without_source"]:
         context.log.error(
             f"{counts['without_source']} lost id(s) have no click in the ledger to re-inject; they stay "

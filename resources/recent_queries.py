@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-PIECE_SCHEMA = pa.schema([pa.field("query_id", pa.string()), pa.field("line", pa.string())])
+# A query line, and its timestamp (what the joiner judges a click by without parsing the line).
+PIECE_SCHEMA = pa.schema([pa.field("query_id", pa.string()), pa.field("timestamp_us", pa.int64()),
+                         pa.field("line", pa.string())])
 WANTED_SCHEMA = pa.schema([pa.field("query_id", pa.string())])
 
 
@@ -47,7 +49,7 @@ def id_times(query_ids: pa.Array) -> pa.Array:
 class Piece:
     """One work unit's query lines (or one partition's of them: a unit's tasks put separately)."""
 
-    table: pa.Table  # query_id, line
+    table: pa.Table  # PIECE_SCHEMA
     min_ts: int  # the times its query ids name
     max_ts: int
 
@@ -58,7 +60,7 @@ class Piece:
 
 @dataclass
 class _Datacenter:
-    pieces: OrderedDict = field(default_factory=OrderedDict)  # (unit, attempt, part) -> Piece, oldest first
+    pieces: OrderedDict = field(default_factory=OrderedDict)  # (unit, attempt, part, kind) -> Piece, oldest first
     horizon_ts: int | None = None  # see the module docstring; None: unknown
     started: bool = False
     newest_ts: int | None = None
@@ -88,12 +90,14 @@ class RecentQueries:
         attempt of the unit replaces an earlier one's pieces; the same task again replaces its own.
         `ingested_before_ts`: the query stream's progress before this unit (None: nothing ingested);
         `latest_valid_ts`: queries whose ids name a later time are from the future (spark_ops/validity.py):
-        they are not held (one would hold the eviction clock and the horizon up), and their clicks
-        wait until the query stream's progress passes them, then find them in the durable tier."""
+        they are held in a piece of their own that moves neither the eviction clock nor, while held,
+        the horizon (one such query would hold every other piece for hours); it is the last to
+        leave by bytes. A miss for one is then not wrongly conclusive once progress passes it."""
         table = queries.select(PIECE_SCHEMA.names).cast(PIECE_SCHEMA)
         times = id_times(table["query_id"])
-        table = table.filter(pc.less_equal(times, latest_valid_ts)).combine_chunks()
-        bounds = pc.min_max(id_times(table["query_id"]))
+        now_or_before = pc.fill_null(pc.less_equal(times, latest_valid_ts), True)
+        parts = {"valid": table.filter(now_or_before).combine_chunks(),
+                 "future": table.filter(pc.invert(now_or_before)).combine_chunks()}
         with self._lock:
             held = self._dcs.setdefault(dc, _Datacenter())
             if not held.started:
@@ -101,11 +105,15 @@ class RecentQueries:
                 held.horizon_ts = -1 if ingested_before_ts is None else ingested_before_ts
             for key in [k for k in held.pieces if k[0] == unit and k[1] != attempt]:
                 held.pieces.pop(key)  # nothing of an earlier attempt is kept: it could differ
-            if table.num_rows and bounds["min"].is_valid:
+            for kind, rows in parts.items():
+                bounds = pc.min_max(id_times(rows["query_id"]))
+                if not (rows.num_rows and bounds["min"].is_valid):
+                    continue
                 low, high = bounds["min"].as_py(), bounds["max"].as_py()
-                held.pieces[(unit, attempt, part)] = Piece(table, low, high)
-                held.pieces.move_to_end((unit, attempt, part))
-                held.newest_ts = high if held.newest_ts is None else max(held.newest_ts, high)
+                held.pieces[(unit, attempt, part, kind)] = Piece(rows, low, high)
+                held.pieces.move_to_end((unit, attempt, part, kind))
+                if kind == "valid":
+                    held.newest_ts = high if held.newest_ts is None else max(held.newest_ts, high)
             evicted = self._evict(held, int(retention_seconds * 1e6), budget_bytes)
             return {"rows": held.rows, "bytes": held.nbytes, "evicted_pieces": evicted}
 
@@ -128,7 +136,7 @@ class RecentQueries:
         return evicted
 
     def get(self, dc: str, wanted: pa.Table) -> pa.Table:
-        """(query_id, line) of each wanted query id held, once each."""
+        """The held lines (PIECE_SCHEMA) of the wanted query ids, once each."""
         ids = wanted.column("query_id").combine_chunks()
         with self._lock:
             held = self._dcs.get(dc)

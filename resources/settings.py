@@ -42,9 +42,9 @@ class PipelineSettings(dg.ConfigurableResource):
     # EventStore memory tier (Photon §3.4.1, resources/recent_queries.py): the registry service holds
     # the query lines of this much event time behind the newest, within this many bytes per
     # datacenter (the oldest go first). Clicks follow their query by seconds to minutes: at 10,000
-    # queries/s, 1 GiB holds about 5 minutes.
+    # queries/s, 512 MiB holds about 2.5 minutes; older queries are found in the durable tier.
     query_memory_seconds: float = 600.0
-    query_memory_bytes: int = 1 << 30
+    query_memory_bytes: int = 512 << 20
     # EventStore durable tier: query_logs keeps this much event time of queries behind the newest
     # one; older queries are found through log_file_map in the raw logs. Table maintenance evicts
     # older ones, and deletes the files they were in once no run can still be reading them.
@@ -52,9 +52,11 @@ class PipelineSettings(dg.ConfigurableResource):
     query_cache_vacuum_retain_hours: float = 0.25
     # Off the click path (photon_assets/maintenance.py): click_aggregates is refreshed with the rows
     # joined since its last refresh at most this often, and the tables are maintained (durable tier
-    # eviction, pending-click records compacted, small files compacted and vacuumed) this often.
-    aggregates_refresh_seconds: float = 30.0
+    # eviction, pending-click records compacted, small files compacted and vacuumed) this often; a
+    # table's files are compacted once it holds this many.
+    aggregates_refresh_seconds: float = 60.0
     maintenance_every_seconds: float = 300.0
+    maintenance_compact_at_files: int = 16
     # Pending clicks (Photon §3.2.1): retried only when query data that could hold their query has
     # arrived, and no sooner than base * 2^(attempts-1) seconds after the last attempt.
     pending_backoff_seconds: float = 2.0

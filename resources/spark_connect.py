@@ -17,12 +17,12 @@ from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
 
-from resources.spark import delta_conf
+from resources.spark import DRIVER_MEMORY, delta_conf
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-def server_command(port: int, master: str = "local[2]", driver_memory: str = "4g", shuffle_partitions: int = 4,
+def server_command(port: int, master: str = "local[2]", driver_memory: str = DRIVER_MEMORY, shuffle_partitions: int = 4,
                    host: str = "127.0.0.1") -> list[str]:
     conf = {
         **delta_conf(shuffle_partitions),

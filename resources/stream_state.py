@@ -106,7 +106,7 @@ class QueryProgress:
 class QueryCache:
     """What the cache tier (`query_logs`) of one datacenter holds, for the runs that evict and read it.
 
-    - `oldest_ts`: a lower bound of its event times, so that a query run scans it for eviction only
+    - `oldest_ts`: a lower bound of its event times, so that table maintenance scans it for eviction only
       once the cache boundary passes it. None (unknown) until the first scan. A concurrent run's
       rows may end up below a raised bound; the next eviction removes them with the rest (a cache
       holding a few rows too long costs nothing but their space).

@@ -1,10 +1,14 @@
 """Partial aggregation of joined clicks (Ubiq §4): per advertiser and event-time minute.
 
-`click_aggregates` is refreshed off the click path, by a run of its own every so often: from a pinned
-snapshot of `joined_clicks` (version V), it recomputes exactly the (advertiser, minute) keys of the
-rows that changed since the version it last refreshed through (Delta's change data feed), and
-records V with its commit (the commit's `userMetadata`). So the table always equals the aggregation
-of `joined_clicks` at the version its last commit names, which is what the asset check compares.
+`click_aggregates` is refreshed off the click path, by a run of its own every so often. It always
+equals the aggregation of `joined_clicks` at the version its latest commit names (the commit's
+`userMetadata`), which is what the asset check compares. A refresh reads the rows added to (or
+removed from) `joined_clicks` since that version from Delta's change data feed, and adds their
+counts to the aggregates of their minutes: the minutes they span are rewritten in one commit that
+names the new version. It reads the change feed and the touched minutes' aggregates with deltalake
+in the driver (tens of thousands of rows: no Spark job), and writes with Spark. A first refresh, a
+full one (`verify`), or one whose change feed is gone (vacuumed) recomputes everything from a pinned
+snapshot instead, which is always right.
 """
 
 from __future__ import annotations
@@ -12,16 +16,23 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+import deltalake
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.errors import PySparkException
 
 from spark_ops.meter import count_commit
-from spark_ops.tables import delta_path, ensure_table, latest_snapshot, merge_into, overwrite, table_lock
+from spark_ops.tables import TABLE_SCHEMAS, ensure_table, latest_snapshot, overwrite, overwrite_where, table_lock
 
 KEYS = ["advertiser_id", "minute"]
 VERSION_NOTE = "joined_clicks_version="
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+MINUTE_US = 60_000_000
+# How each kind of change-feed row counts.
+SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
 
 
 def aggregate_clicks(joined: DataFrame) -> DataFrame:
@@ -43,70 +54,81 @@ def commit_note(spark: SparkSession, note: str) -> Iterator[None]:
 
 def aggregates_snapshot(spark: SparkSession, aggregates_path: str) -> tuple[int | None, DataFrame]:
     """click_aggregates pinned to its latest version, and the joined_clicks version it equals the
-    aggregation of: the one its latest refresh noted (None: never refreshed)."""
+    aggregation of (None: unknown, never refreshed or changed by a commit that names none)."""
     ensure_table(spark, "click_aggregates", aggregates_path)
-    history = spark.sql(f"DESCRIBE HISTORY {delta_path(aggregates_path)}").select("version", "userMetadata").collect()
-    latest = max(row["version"] for row in history)
-    noted = [row for row in history if (row["userMetadata"] or "").startswith(VERSION_NOTE)]
-    through = int(max(noted, key=lambda row: row["version"])["userMetadata"][len(VERSION_NOTE):]) if noted else None
-    return through, spark.read.format("delta").option("versionAsOf", latest).load(aggregates_path)
+    through, version = refreshed_through(aggregates_path)
+    return through, spark.read.format("delta").option("versionAsOf", version).load(aggregates_path)
 
 
-def refreshed_through(spark: SparkSession, aggregates_path: str) -> int | None:
-    """The joined_clicks version click_aggregates equals the aggregation of (None: never refreshed)."""
-    return aggregates_snapshot(spark, aggregates_path)[0]
+def refreshed_through(aggregates_path: str) -> tuple[int | None, int]:
+    """The joined_clicks version click_aggregates equals the aggregation of, as its latest commit
+    names it (None if that commit names none), and that commit's version."""
+    [latest] = deltalake.DeltaTable(aggregates_path).history(1)
+    note = latest.get("userMetadata") or ""
+    return (int(note[len(VERSION_NOTE):]) if note.startswith(VERSION_NOTE) else None), latest["version"]
 
 
-def _changed_keys(spark: SparkSession, joined_path: str, after: int, through: int) -> tuple[DataFrame, dict] | None:
-    """The (advertiser, minute) keys of the rows added to or removed from joined_clicks in versions
-    (after, through], and the event-time bounds of those rows; None when the change feed cannot tell
-    (not enabled on the table, or its files vacuumed by table maintenance): then everything is
-    recomputed, which is always right."""
-    changes = (spark.read.format("delta").option("readChangeFeed", "true")
-               .option("startingVersion", after + 1).option("endingVersion", through).load(joined_path))
+def changed_aggregates(joined_path: str, after: int, through: int) -> pa.Table | None:
+    """Per (advertiser_id, minute): the clicks and cost added to joined_clicks in versions
+    (after, through], less those removed; None when the change feed cannot tell (its files vacuumed
+    by table maintenance)."""
     try:
-        bounds = changes.agg(F.min("timestamp_us").alias("low"), F.max("timestamp_us").alias("high")).first()
-    except PySparkException:
+        feed = deltalake.DeltaTable(joined_path).load_cdf(
+            starting_version=after + 1, ending_version=through,
+            columns=["advertiser_id", "timestamp_us", "cost_micros", "_change_type"])
+        rows = pa.RecordBatchReader.from_stream(feed).read_all()
+    except (deltalake.exceptions.DeltaError, OSError):
         return None
-    return aggregate_clicks(changes).select(*KEYS).distinct(), bounds.asDict()
+    kinds = rows["_change_type"].cast(pa.string()).to_numpy(zero_copy_only=False)
+    sign = np.select([kinds == kind for kind in SIGNS], list(SIGNS.values()), 0)
+    times = rows["timestamp_us"].to_numpy()
+    minutes = pa.array(np.floor_divide(times, MINUTE_US) * MINUTE_US, pa.timestamp("us", tz="UTC"))
+    counted = pa.table({
+        "advertiser_id": rows["advertiser_id"].cast(pa.string()), "minute": minutes,
+        "clicks": pa.array(sign, pa.int64()), "cost_micros": pa.array(sign * rows["cost_micros"].to_numpy(), pa.int64()),
+    })
+    return _summed(counted)
+
+
+def _summed(rows: pa.Table) -> pa.Table:
+    """Clicks and cost summed per key; keys left with no click dropped."""
+    summed = rows.group_by(KEYS).aggregate([("clicks", "sum"), ("cost_micros", "sum")]).rename_columns(
+        [*KEYS, "clicks", "cost_micros"])
+    return summed.filter(pc.not_equal(summed["clicks"], 0))
 
 
 def refresh_aggregates(spark: SparkSession, joined_path: str, aggregates_path: str, full: bool = False) -> dict:
-    """Brings click_aggregates up to joined_clicks' latest version: the keys changed since its last
-    refresh, recomputed from the pinned snapshot, or everything (`full`, a first refresh, or a change
-    feed that cannot tell). Under the table's lock: refreshes commit in snapshot order, so none
-    replaces a key's value with an older one. Returns what it did."""
+    """Brings click_aggregates up to joined_clicks' latest version (see the module docstring). Under
+    the table's lock: refreshes commit in snapshot order. Returns what it did."""
     ensure_table(spark, "click_aggregates", aggregates_path)
     with table_lock(aggregates_path):
         version, snapshot = latest_snapshot(spark, "joined_clicks", joined_path)
-        since = None if full else refreshed_through(spark, aggregates_path)
+        since = None if full else refreshed_through(aggregates_path)[0]
         done = {"joined_clicks_version": version, "since_version": since}
         if since is not None and since >= version:
             return {**done, "refreshed": "none"}
-        changed = None if since is None else _changed_keys(spark, joined_path, since, version)
+        changes = None if since is None else changed_aggregates(joined_path, since, version)
         with commit_note(spark, f"{VERSION_NOTE}{version}"):
-            if changed is None:
+            if changes is None:
                 overwrite(aggregate_clicks(snapshot), "click_aggregates", aggregates_path)
                 return {**done, "refreshed": "all"}
-            touched, bounds = changed
-            if bounds["low"] is None:
+            if not changes.num_rows:
                 # Versions without row changes (table maintenance): the aggregates still equal them.
                 return {**done, "refreshed": "none"}
-            _merge_keys(snapshot, touched, bounds, aggregates_path)
+            _add(spark, changes, aggregates_path)
     return {**done, "refreshed": "changes"}
 
 
-def _merge_keys(snapshot: DataFrame, touched: DataFrame, bounds: dict, path: str) -> None:
-    """Recomputes the touched keys from `snapshot` and merges them in; a key no row holds any more is
-    deleted. Only snapshot files whose event times overlap the changed minutes are read (Delta's file
-    statistics), and only the target's files of those minutes."""
-    minute_us = 60_000_000
-    first_minute = bounds["low"] - bounds["low"] % minute_us
-    after_last_minute = bounds["high"] - bounds["high"] % minute_us + minute_us
-    around = snapshot.where((F.col("timestamp_us") >= first_minute) & (F.col("timestamp_us") < after_last_minute))
-    fresh = touched.join(aggregate_clicks(around), KEYS, "left")
-    condition = f"t.minute BETWEEN timestamp_micros({first_minute}) AND timestamp_micros({after_last_minute - 1})"
-    condition += "".join(f" AND t.{key} = s.{key}" for key in KEYS)
-    merge_into(path, fresh, f"ON {condition} WHEN MATCHED AND s.clicks IS NULL THEN DELETE "
-                            "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED AND s.clicks IS NOT NULL THEN INSERT *")
-    count_commit("click_aggregates")
+def _add(spark: SparkSession, changes: pa.Table, path: str) -> None:
+    """The minutes the changes span rewritten, each key's clicks and cost with the changes added."""
+    bounds = pc.min_max(changes["minute"])
+    low, high = bounds["min"], bounds["max"]
+    current = deltalake.DeltaTable(path).to_pyarrow_dataset().to_table(
+        columns=[*KEYS, "clicks", "cost_micros"], filter=(ds.field("minute") >= low) & (ds.field("minute") <= high))
+    current = current.cast(changes.schema)
+    fresh = _summed(pa.concat_tables([current, changes]))
+    schema = TABLE_SCHEMAS["click_aggregates"][0]
+    rows = spark.createDataFrame(fresh, schema=schema)
+    low_us, high_us = low.value, high.value
+    overwrite_where(rows, "click_aggregates", path,
+                    f"minute BETWEEN timestamp_micros({low_us}) AND timestamp_micros({high_us})")

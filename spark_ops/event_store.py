@@ -5,9 +5,11 @@
    (spark_ops/registry_calls.py: lookup_clicks); almost every click of a live stream is answered
    there. A miss newer than its horizon, of a writer ingested past the query's time, is conclusive:
    the query was never ingested, and no other tier is read for it.
-2. Durable tier: `query_logs`, the valid query lines of the last `query_cache_retention_seconds` of
-   event time (table maintenance evicts older ones), searched only for the memory tier's
-   inconclusive misses, and only around the times their query ids name.
+2. Durable tier: `query_logs`, an exact index of the valid query lines of the last
+   `query_cache_retention_seconds` of event time (table maintenance evicts older ones): where each
+   lies in the raw logs (file, offset, length), which are durable and never rewritten, so the lines
+   are not copied. Searched only for the memory tier's inconclusive misses, and only around the
+   times their query ids name; the lines found are read from the logs.
 3. Logs tier: for what neither holds, `log_file_map` — a sparse index with an entry for the first
    query of every W seconds of event time and of every M bytes of each writer's log file — points
    into the raw query logs. A query id names its writer and timestamp (`<ip>:<pid>:<timestamp_us>`);
@@ -24,7 +26,9 @@ the clicks found are parsed from their lines once (spark_ops/parse.py: with_quer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Callable
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -78,24 +82,30 @@ class EventStoreStats:
     logs_bytes_read: int = 0
 
 
+@dataclass(frozen=True)
+class DurableTiers:
+    """A datacenter's durable tier (query_logs) and log file map, as of when they were read, and
+    `durable_complete_from_us`: every query ingested from this event time on is in `durable`; read
+    after the writers' progress and before the tables (QueryCache), it lets the logs tier skip such
+    misses."""
+
+    durable: DataFrame
+    log_file_map: DataFrame
+    durable_complete_from_us: int | None = None
+
+
 class EventStore:
     def __init__(
         self,
-        durable: DataFrame,
-        log_file_map: DataFrame,
+        tiers: Callable[[], DurableTiers],
         query_dir: Path,
         map_every_seconds: float,
         map_every_bytes: int,
         max_line_bytes: int,
-        durable_complete_from_us: int | None = None,
     ):
-        """`durable` (query_logs) and `log_file_map`: this datacenter's rows; `query_dir`: its raw
-        query logs; `durable_complete_from_us`: every ingested query from this event time on is in
-        `durable`, read after the writers' progress and before the tables (QueryCache): the logs
-        tier skips such misses."""
-        self.durable = durable
-        self.durable_complete_from_us = durable_complete_from_us
-        self.log_file_map = log_file_map
+        """`tiers` reads this datacenter's durable tiers when a lookup first needs them (a live
+        pass needs none: the memory tier answers it); `query_dir`: its raw query logs."""
+        self._tiers = tiers
         self.query_dir = query_dir
         self.window_us = int(map_every_seconds * 1_000_000)
         # Entries are at most W seconds or about 2M bytes apart (the first query of each M-byte span
@@ -104,6 +114,10 @@ class EventStore:
         self.max_line_bytes = max_line_bytes
         self.stats = EventStoreStats()
         self._held: list[DataFrame] = []
+
+    @cached_property
+    def tiers(self) -> DurableTiers:
+        return self._tiers()
 
     def _keep(self, df: DataFrame) -> DataFrame:
         self._held.append(df.persist(StorageLevel.MEMORY_AND_DISK))
@@ -115,17 +129,19 @@ class EventStore:
         self._held.clear()
 
     def beyond_memory(self, misses: DataFrame) -> DataFrame:
-        """The lines (click_id, line) of the queries of `misses` (click_id, query_id: clicks whose
+        """The lines (click_id, query_timestamp_us, line) of the queries of `misses` (click_id, query_id: clicks whose
         query the memory tier lacks, inconclusively, and whose writer was ingested past it) found in
         the durable tier or the raw logs. Fills `stats`."""
         # The clicks' keys are broadcast and the durable tier streams past them: it is the big side.
         # A query id may repeat in the logs (duplicate lines): one match per click.
-        from_durable = self._keep(
-            self._durable_around(misses).select("query_id", "line")
+        located = self._keep(
+            self._durable_around(misses).select("query_id", "file", "offset", "length")
             .join(F.broadcast(misses.select("click_id", "query_id")), "query_id")
             .dropDuplicates(["click_id"])
-            .select("click_id", "line")
         )
+        from_durable = self._keep(self._read_lines(
+            located, located.select("file", F.col("offset").alias("start"),
+                                    (F.col("offset") + F.col("length")).alias("end"), "query_id")))
         rest = self._keep(misses.join(from_durable.select("click_id"), "click_id", "left_anti"))
         self.stats.durable_hits = from_durable.count()
         if rest.isEmpty():
@@ -145,8 +161,8 @@ class EventStore:
             F.min("query_ts").alias("low"), F.max("query_ts").alias("high")
         ).first()
         if bounds["low"] is None:
-            return self.durable
-        return self.durable.where(
+            return self.tiers.durable
+        return self.tiers.durable.where(
             F.col("timestamp_us").between(bounds["low"] - CACHE_SLACK_US, bounds["high"] + CACHE_SLACK_US)
         )
 
@@ -164,13 +180,14 @@ class EventStore:
         of a lost or never logged query, ~1% of clicks). The logs tier reads around the id's time
         too, so it could not find it either, only spend a read (~200 KB of log per click in a 2M
         backlog)."""
-        if self.durable_complete_from_us is None:
+        complete_from = self.tiers.durable_complete_from_us
+        if complete_from is None:
             return wanted
-        worth = wanted.where(F.col("query_ts") < self.durable_complete_from_us + CACHE_SLACK_US)
+        worth = wanted.where(F.col("query_ts") < complete_from + CACHE_SLACK_US)
         return None if worth.isEmpty() else worth
 
     def _logs_tier(self, misses: DataFrame) -> DataFrame | None:
-        """The misses' query lines (click_id, line) found in the raw logs; None if no miss is worth
+        """The misses' query lines (click_id, query_timestamp_us, line) found in the raw logs; None if no miss is worth
         a read."""
         spark = misses.sparkSession
         wanted = self._worth_reading(
@@ -178,7 +195,7 @@ class EventStore:
         )
         if wanted is None:
             return None
-        entries = self.log_file_map.select(
+        entries = self.tiers.log_file_map.select(
             "server_ip", "process_id", "file", "offset", F.col("timestamp_us").alias("entry_ts"),
             F.floor(F.col("timestamp_us") / self.window_us).alias("window"),
         )
@@ -194,7 +211,7 @@ class EventStore:
         )
         files = starts.select("file").distinct()
         following = (
-            self.log_file_map.select("file", "offset").join(files, "file").distinct()
+            self.tiers.log_file_map.select("file", "offset").join(files, "file").distinct()
             .withColumn("next", F.lead("offset").over(Window.partitionBy("file").orderBy("offset")))
         )
         needed = self._keep(
@@ -202,33 +219,29 @@ class EventStore:
             .withColumn("end", F.coalesce("next", F.col("start") + self.open_range_bytes))
             .drop("next")
         )
-        # Each range is read once, for all the query ids looked up in it; only lines that may hold
-        # one of them are parsed.
-        ranges = self._keep(
-            needed.groupBy("file", "start", "end").agg(F.collect_set("query_id").alias("wanted"))
-        )
-        prefix = str(self.query_dir) + "/"
+        self.stats.logs_ranges_read, self.stats.logs_bytes_read = self._range_bytes(
+            needed.select("file", "start", "end").distinct())
+        return self._read_lines(needed, needed.select("file", "start", "end", "query_id"))
+
+    def _read_lines(self, clicks: DataFrame, spans: DataFrame) -> DataFrame:
+        """(click_id, query_timestamp_us, line) of `clicks` (click_id, query_id) whose query line is in the raw logs at
+        `spans` (file, start, end, query_id: where to look for each query). Each span is read once,
+        for all the query ids looked up in it, and only lines that may hold one of them are parsed."""
+        ranges = spans.groupBy("file", "start", "end").agg(F.collect_set("query_id").alias("wanted"))
         chunks = ranges.select(
-            F.concat(F.lit(prefix), "file").alias("path"),
+            F.concat(F.lit(str(self.query_dir) + "/"), "file").alias("path"),
             "file",
             F.col("end").alias("range_end"),
             F.col("start").alias("chunk_start"),
             F.col("end").alias("chunk_end"),
             F.lit(True).alias("owns_first_line"),
             "wanted",
-        ).repartition(int(spark.conf.get("spark.sql.shuffle.partitions")))
+        ).repartition(int(clicks.sparkSession.conf.get("spark.sql.shuffle.partitions")))
         schema = PARSED["query"]
-        lines = self._keep(
-            chunks.select(*LOOKUP_CHUNK_FIELDS.fieldNames()).mapInArrow(
-                parse_chunks("query", self.max_line_bytes, arrow_schema(schema)), schema
-            )
-        )
-        self.stats.logs_ranges_read, self.stats.logs_bytes_read = self._range_bytes(ranges)
+        lines = chunks.select(*LOOKUP_CHUNK_FIELDS.fieldNames()).mapInArrow(
+            parse_chunks("query", self.max_line_bytes, arrow_schema(schema)), schema)
         # Lines that do not parse were quarantined when the query work unit ingested them.
-        found = events(lines).select("query_id", "line").dropDuplicates(["query_id"])
-        return (
-            misses.join(needed.select("click_id"), "click_id", "left_semi")
-            .join(found, "query_id")
-            .dropDuplicates(["click_id"])
-            .select("click_id", "line")
-        )
+        found = (events(lines).select("query_id", F.col("timestamp_us").alias("query_timestamp_us"), "line")
+                 .dropDuplicates(["query_id"]))
+        return clicks.select("click_id", "query_id").join(found, "query_id").dropDuplicates(["click_id"]).select(
+            "click_id", "query_timestamp_us", "line")

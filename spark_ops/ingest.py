@@ -1,21 +1,33 @@
-"""Turning a work unit's parsed lines into the EventStore's tiers (the memory tier, query_logs and
-log_file_map), the click ledger, and quarantine. Each row carries its work unit, so a retried work
-unit that had already committed a table appends nothing more to it (spark_ops/tables.py:
-append_once)."""
+"""Turning a work unit's log lines into the EventStore's tiers (the memory tier, query_logs and
+log_file_map), the click ledger, and quarantine.
+
+A unit's lines are parsed by one Spark job, into the unit's staging directory (`stage_lines`); query
+lines reach the memory tier from the same tasks that parse them. Everything else reads the staged
+lines: the tables' appends in Spark, and the unit's counts, event-time sketch and log file map
+entries in the driver, from a few columns with pyarrow (a few rows per writer come out of them: no
+Spark job for a count). Each row appended carries its work unit, so a retried work unit that had
+already committed a table appends nothing more to it (spark_ops/tables.py: append_once).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.registry import IdRegistry
-from resources.watermark import SKETCH_FRACTIONS, merged_sketch
-from spark_ops.parse import events, quarantined
-from spark_ops.registry_calls import remember_queries
+from resources.watermark import SKETCH_FRACTIONS
+from spark_ops.handoff import materialize, unstage
+from spark_ops.parse import TEXT_FIELDS, ByteRange, events, parse_ranges, quarantined
+from spark_ops.registry_calls import QueryPut
 from spark_ops.tables import append_once
+
+MAP_KEYS = ["file", "server_ip", "process_id"]
 
 
 @dataclass
@@ -34,79 +46,117 @@ class IngestStats:
     writers: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-def log_file_map_entries(queries: DataFrame, every_seconds: int, every_bytes: int) -> DataFrame:
-    """Photon's sparse index into the raw query logs (§3.4.2): per file, the first query of every
-    `every_seconds` window of event time and of every `every_bytes` span of the file, so a lookup
-    finds an entry within W seconds or M bytes before any query."""
-    keys = ["file", "server_ip", "process_id"]
-    first = F.min(F.struct("offset", "timestamp_us")).alias("entry")
-    by_time = queries.groupBy(*keys, F.floor(F.col("timestamp_us") / (every_seconds * 1_000_000))).agg(first)
-    by_bytes = queries.groupBy(*keys, F.floor(F.col("offset") / every_bytes)).agg(first)
-    return (
-        by_time.select(*keys, "entry")
-        .unionByName(by_bytes.select(*keys, "entry"))
-        .select(*keys, F.col("entry.timestamp_us").alias("timestamp_us"), F.col("entry.offset").alias("offset"))
-        .distinct()
+def stage_lines(spark: SparkSession, stream: str, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int,
+                path: Path, text_sink=None) -> DataFrame:
+    """The ranges' lines parsed once (spark_ops/parse.py), into Parquet at `path`, read back."""
+    return materialize(parse_ranges(spark, stream, stream_dir, ranges, max_line_bytes, text_sink=text_sink), path)
+
+
+def _staged(path: Path, columns: list[str], valid_only: bool = False) -> pa.Table:
+    dataset = ds.dataset(str(path), format="parquet")
+    return dataset.to_table(columns=columns, filter=ds.field("reason").is_null() if valid_only else None)
+
+
+def stage_queries(spark: SparkSession, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int, put: QueryPut,
+                  path: Path) -> DataFrame:
+    """A query work unit's lines, staged; the valid ones held by the memory tier, by the tasks that
+    parse them, and staged without their text (or, for a registry in the driver's process, put from
+    the staged lines)."""
+    sink = put.in_executors()
+    parsed = stage_lines(spark, "query", stream_dir, ranges, max_line_bytes, path, sink)
+    if sink is None:
+        put.from_driver(_staged(path, TEXT_FIELDS, valid_only=True))
+    return parsed
+
+
+def line_stats(path: Path, by_writer: bool = False, latest_valid_us: int | None = None,
+               watermark_us: int | None = None) -> IngestStats:
+    """Counts of a work unit's staged lines and the sketch of their event times; with `by_writer`
+    (query lines) also each writer's oldest and newest timestamp. Events after `latest_valid_us`
+    (from the future: spark_ops/validity.py) are counted but move no timestamp."""
+    table = _staged(path, ["reason", "timestamp_us", "length", *(["server_ip", "process_id"] if by_writer else [])])
+    is_event = pc.is_null(table["reason"])
+    times = table["timestamp_us"]
+    in_time = is_event if latest_valid_us is None else pc.and_kleene(is_event, pc.less_equal(times, latest_valid_us))
+    in_time = pc.fill_null(in_time, False)
+    valid = table.filter(in_time)
+    ts = valid["timestamp_us"].to_numpy()
+    events = pc.sum(is_event.cast(pa.int64())).as_py() or 0
+    writers = {}
+    if by_writer and valid.num_rows:
+        per_writer = valid.group_by(["server_ip", "process_id"]).aggregate(
+            [("timestamp_us", "min"), ("timestamp_us", "max")])
+        writers = {f"{ip}:{pid}": (low, high) for ip, pid, low, high in zip(*[
+            per_writer[c].to_pylist() for c in ("server_ip", "process_id", "timestamp_us_min", "timestamp_us_max")])}
+    return IngestStats(
+        lines=table.num_rows,
+        events=events,
+        quarantined=table.num_rows - events,
+        future_events=events - valid.num_rows,
+        bytes_read=pc.sum(table["length"]).as_py() or 0,
+        max_timestamp_us=int(ts.max()) if len(ts) else None,
+        sketch=[int(v) for v in np.quantile(ts, SKETCH_FRACTIONS, method="lower")] if len(ts) else None,
+        at_or_after_watermark=int(len(ts) if watermark_us is None else (ts >= watermark_us).sum()),
+        writers=writers,
     )
+
+
+def log_file_map_entries(path: Path, every_seconds: float, every_bytes: int) -> pa.Table:
+    """Photon's sparse index into the raw query logs (§3.4.2), from a unit's staged query lines: per
+    file, the first query of every `every_seconds` window of event time and of every `every_bytes`
+    span of the file, so a lookup finds an entry within W seconds or M bytes before any query.
+    Columns: file, server_ip, process_id, timestamp_us, offset."""
+    table = _staged(path, [*MAP_KEYS, "timestamp_us", "offset"], valid_only=True)
+    table = table.sort_by([("file", "ascending"), ("offset", "ascending")])
+    window_us = int(every_seconds * 1_000_000)
+    firsts = []
+    for name, values in (("window", np.floor_divide(table["timestamp_us"].to_numpy(), window_us)),
+                         ("span", np.floor_divide(table["offset"].to_numpy(), every_bytes))):
+        # In file order, the first row of each group is its smallest offset.
+        first = table.append_column(name, pa.array(values)).group_by([*MAP_KEYS, name], use_threads=False).aggregate(
+            [("offset", "first"), ("timestamp_us", "first")])
+        firsts.append(first.select([*MAP_KEYS, "timestamp_us_first", "offset_first"])
+                      .rename_columns([*MAP_KEYS, "timestamp_us", "offset"]))
+    both = pa.concat_tables(firsts)
+    return both.group_by(both.column_names, use_threads=False).aggregate([])  # distinct
 
 
 def _with_unit(df: DataFrame, dc: str, work_unit: str) -> DataFrame:
     return df.withColumn("dc", F.lit(dc)).withColumn("work_unit", F.lit(work_unit))
 
 
-@dataclass(frozen=True)
-class MemoryTier:
-    """Where a query work unit's lines are held in memory (resources/recent_queries.py), and how much."""
-
-    registry: IdRegistry
-    retention_seconds: float
-    budget_bytes: int
-
-
 def ingest_queries(
     parsed: DataFrame,
+    path: Path,
     stats: IngestStats,
     dc: str,
     work_unit: str,
     attempt: int,
     tables: dict[str, str],
-    map_every_seconds: int,
+    map_every_seconds: float,
     map_every_bytes: int,
-    memory: MemoryTier,
-    ingested_before_ts: int | None,
-    latest_valid_ts: int,
-    staging,
     cache_since_us: int | None = None,
-) -> tuple[int, int]:
-    """`parsed` is read several times: the caller persists it, and passes its `line_stats`. The
-    lines go to the memory tier first, then to the durable tier: a query in a table is in memory
-    too, unless evicted (the memory tier's horizon says so). Queries older than `cache_since_us`
-    skip the durable tier (query_logs): the log file map, which indexes every query, finds them.
-    Returns the rows put in memory and the log file map entries added."""
+) -> int:
+    """A query unit's staged lines (`stage_queries`, at `path`) appended to the durable tier and the
+    log file map. Queries older than `cache_since_us` skip the durable tier (query_logs): the log file
+    map, which indexes every query, finds them. Returns the log file map entries added."""
     queries = _with_unit(events(parsed), dc, work_unit)
-    remembered = remember_queries(parsed.sparkSession, memory.registry, queries, dc, work_unit, attempt,
-                                  ingested_before_ts, latest_valid_ts, memory.retention_seconds,
-                                  memory.budget_bytes, staging)
     cached = queries if cache_since_us is None else queries.where(F.col("timestamp_us") >= cache_since_us)
     append_once(cached, "query_logs", tables["query_logs"], work_unit, attempt)
-    # Counted and appended from one computation of its two aggregations.
-    entries = _with_unit(log_file_map_entries(queries, map_every_seconds, map_every_bytes), dc, work_unit)
-    entries = entries.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        added = entries.count()
-        append_once(entries, "log_file_map", tables["log_file_map"], work_unit, attempt)
-    finally:
-        entries.unpersist()
+    entries = log_file_map_entries(path, map_every_seconds, map_every_bytes)
+    if entries.num_rows:
+        staged = unstage(parsed.sparkSession, pa.RecordBatchReader.from_batches(entries.schema, entries.to_batches()),
+                         path.parent / "log_file_map")
+        append_once(_with_unit(staged, dc, work_unit), "log_file_map", tables["log_file_map"], work_unit, attempt)
     _quarantine(parsed, stats, dc, "query", work_unit, attempt, tables)
-    return remembered, added
+    return entries.num_rows
 
 
-def ingest_clicks(parsed: DataFrame, dc: str, work_unit: str, attempt: int, tables: dict[str, str],
+def ingest_clicks(parsed: DataFrame, path: Path, dc: str, work_unit: str, attempt: int, tables: dict[str, str],
                   latest_valid_us: int | None = None, watermark_us: int | None = None) -> IngestStats:
-    """Records the work unit's click lines in the ledger and quarantine. The caller persists
-    `parsed` and joins its events next."""
+    """Records a click work unit's staged lines (at `path`) in the ledger and quarantine."""
     append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"], work_unit, attempt)
-    stats = line_stats(parsed, latest_valid_us=latest_valid_us, watermark_us=watermark_us)
+    stats = line_stats(path, latest_valid_us=latest_valid_us, watermark_us=watermark_us)
     _quarantine(parsed, stats, dc, "click", work_unit, attempt, tables)
     return stats
 
@@ -117,45 +167,3 @@ def _quarantine(parsed: DataFrame, stats: IngestStats, dc: str, stream: str, wor
     if stats.quarantined:
         append_once(quarantined(parsed, dc, stream, work_unit), "quarantined_lines",
                     tables["quarantined_lines"], work_unit, attempt)
-
-
-def line_stats(parsed: DataFrame, by_writer: bool = False, latest_valid_us: int | None = None,
-               watermark_us: int | None = None) -> IngestStats:
-    """Counts of a work unit's parsed lines and the sketch of their event times, in one Spark job;
-    with `by_writer` (query lines) also each writer's oldest and newest timestamp. One row per
-    writer reaches the driver. Events after `latest_valid_us` (from the future:
-    spark_ops/validity.py) are counted but move no timestamp."""
-    keys = ["server_ip", "process_id"] if by_writer else []
-    is_event = F.col("reason").isNull()
-    in_time = is_event if latest_valid_us is None else is_event & (F.col("timestamp_us") <= latest_valid_us)
-    at_or_after = in_time if watermark_us is None else in_time & (F.col("timestamp_us") >= watermark_us)
-    rows = (
-        parsed.groupBy(*keys)
-        .agg(
-            F.count("*").alias("lines"),
-            F.count_if(is_event).alias("events"),
-            F.coalesce(F.sum("length"), F.lit(0)).alias("bytes_read"),
-            F.count_if(is_event & ~in_time).alias("future"),
-            F.min(F.when(in_time, F.col("timestamp_us"))).alias("min_ts"),
-            F.max(F.when(in_time, F.col("timestamp_us"))).alias("max_ts"),
-            F.percentile_approx(F.when(in_time, F.col("timestamp_us")), SKETCH_FRACTIONS).alias("sketch"),
-            F.count_if(at_or_after).alias("at_or_after"),
-        )
-        .collect()
-    )
-    lines = sum(r["lines"] for r in rows)
-    valid = sum(r["events"] for r in rows)
-    newest = [r["max_ts"] for r in rows if r["max_ts"] is not None]
-    sketches = [(r["events"] - r["future"], r["sketch"]) for r in rows if r["sketch"] is not None]
-    return IngestStats(
-        lines=lines,
-        events=valid,
-        quarantined=lines - valid,
-        future_events=sum(r["future"] for r in rows),
-        bytes_read=sum(r["bytes_read"] for r in rows),
-        max_timestamp_us=max(newest, default=None),
-        sketch=None if not sketches else sketches[0][1] if len(sketches) == 1 else merged_sketch(sketches),
-        at_or_after_watermark=sum(r["at_or_after"] for r in rows),
-        writers={f"{r['server_ip']}:{r['process_id']}": (r["min_ts"], r["max_ts"])
-                 for r in rows if by_writer and r["max_ts"] is not None},
-    )

@@ -1,22 +1,24 @@
-"""The joiner (Photon §3.3) as a Spark micro-batch: look up, adapt, register, write.
+"""The joiner (Photon §3.3) as a Spark micro-batch: look up, judge, register, write.
 
-One call processes one work unit's clicks in five phases. Each computes what it needs once, into
-the unit's staging directory, with the counts the pass reports observed while it is written: a pass
-costs a Spark job per phase, not per question asked of its data.
-1. lookup: the clicks, deduplicated, with what one call per partition to the registry service
-   answers: their registry entry (the dispatcher lookup: a click registered under another token is
-   skipped; one older than the registry's GC boundary is unjoinable, too old) and their query's
-   line if the EventStore's memory tier holds it;
-2. find: the memory tier's hits and, for its inconclusive misses only, the durable and logs tiers'
-   (spark_ops/event_store.py); the query events parsed from their lines;
-3. judge: each click's outcome: joined (after the adapter, business logic over (click, query) pairs
-   that may alter or drop rows, and the per-query cap: resources/click_caps.py), dropped by the
-   adapter, invalid timestamp (spark_ops/validity.py), capped, given up, or still pending
-   (spark_ops/pending.py);
-4. commit: every id this work unit resolves, conditionally registered with its token;
-5. write: the winners appended to `joined_clicks` / `unjoinable_clicks` (merged on `click_id` by a
-   retry: spark_ops/tables.py), then the pending clicks' records; once that output is durable,
-   the token is cleared.
+One call processes one work unit's clicks. Its costly part is one Spark job: the clicks,
+deduplicated, go through
+1. lookup: one call per partition to the registry service, which answers with each click's registry
+   entry (the dispatcher lookup: a click registered under another token is skipped; one older than
+   the registry's GC boundary is unjoinable, too old) and its query's line and time if the
+   EventStore's memory tier holds it (resources/recent_queries.py);
+2. judge: each click's outcome: joined, invalid timestamp (spark_ops/validity.py), given up or
+   still pending (spark_ops/pending.py); with an adapter (business logic over (click, query) pairs
+   that may alter or drop rows) or the per-query cap (resources/click_caps.py), the joined pairs
+   are refined in a second job;
+3. commit: every id this work unit resolves, conditionally registered with its token, by the same
+   tasks;
+into the unit's staging directory, with the counts the pass reports observed while it is written.
+Misses the memory tier cannot vouch for (older than its horizon) are looked up in the durable and
+logs tiers (spark_ops/event_store.py) and judged and committed by a second job; a live stream has
+none.
+4. write: the winners appended to `joined_clicks` (their query line parsed into the output's struct
+   on the way) and `unjoinable_clicks` (merged on `click_id` by a retry: spark_ops/tables.py), then
+   the pending clicks' records; once that output is durable, the token is cleared.
 A crash anywhere leaves a state from which the same work unit, retried, produces exactly the
 output a clean run would have (see tests/spark_ops/test_join.py for each crash point).
 """
@@ -27,6 +29,7 @@ import importlib
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -69,9 +72,13 @@ TOO_OLD_REASON = "older than the registry's garbage-collection boundary"
 CAPPED_REASON = "capped: its query reached max_clicks_per_query"
 DROPPED_REASON = "dropped by adapter"
 CLICK_FIELDS = [f.name for f in CLICK_EVENT]
-# What a click is after the lookup (phase 1), and after the judgement (phase 3).
-STATES = TAKEN, TOO_OLD, FUTURE, IN_MEMORY, MISS, NOT_INGESTED = (
-    "taken", "too_old", "future", "in_memory", "miss", "not_ingested")
+# What a click is after the lookup: registered under another token, too old, from the future, its
+# query held in memory, not held though the memory tier would hold it (the query was never
+# ingested), not held and older than what the memory tier vouches for (the other tiers are asked),
+# or its query's writer not ingested up to the query's time.
+STATES = TAKEN, TOO_OLD, FUTURE, IN_MEMORY, NOT_HELD, BEYOND_MEMORY, NOT_INGESTED = (
+    "taken", "too_old", "future", "in_memory", "not_held", "beyond_memory", "not_ingested")
+JUDGED_STATES = (FUTURE, IN_MEMORY, NOT_HELD, NOT_INGESTED)
 JOINED, DROPPED, GIVEN_UP, INVALID, CAPPED, PENDING = "joined", "dropped", "given_up", "invalid", "capped", "pending"
 UNJOINABLE_OUTCOMES = (DROPPED, GIVEN_UP, INVALID, CAPPED)
 # JoinStats counts that are the EventStore's (reported as eventstore_*).
@@ -98,6 +105,7 @@ class JoinStats:
     invalid_timestamp: int = 0  # from the future, or before its query: recorded as unjoinable
     capped: int = 0  # past its query's click cap: recorded as unjoinable
     refused: int = 0  # wasted joins: joined here, refused by the registry
+    beyond_memory: int = 0  # misses older than what the memory tier vouches for: the other tiers asked
     phase_seconds: dict[str, float] = field(default_factory=dict)
     # Click time minus query time of the clicks joined (window advice, Facebook §6.5): p50, p99, max.
     delay_seconds: dict[str, float] = field(default_factory=dict)
@@ -120,16 +128,13 @@ class JoinStats:
         return now
 
 
-def join_delays(outcomes: Path) -> dict[str, float]:
+def join_delays(outcomes: list[Path]) -> dict[str, float]:
     """p50, p99 and max of click time minus query time over the staged joined pairs, read from the
-    Parquet files directly (no Spark job); empty if the adapter dropped the query's time."""
-    try:
-        table = ds.dataset(str(outcomes), format="parquet").to_table(
-            columns={"click_us": ds.field("timestamp_us"), "query_us": ds.field("query", "timestamp_us")},
-            filter=ds.field("outcome") == JOINED)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
-        return {}
-    delays = pc.subtract(table["click_us"], table["query_us"]).drop_null().to_numpy() / 1e6
+    Parquet files directly (no Spark job)."""
+    staged = [ds.dataset(str(path), format="parquet") for path in outcomes if path.is_dir()]
+    table = ds.dataset(staged).to_table(columns=["timestamp_us", "query_timestamp_us"],
+                                        filter=ds.field("outcome") == JOINED)
+    delays = pc.subtract(table["timestamp_us"], table["query_timestamp_us"]).drop_null().to_numpy() / 1e6
     if not len(delays):
         return {}
     p50, p99 = np.percentile(delays, [50, 99])
@@ -210,32 +215,29 @@ def join_work_unit(
     stats = JoinStats()
     mark = time.monotonic()
     staging.mkdir(parents=True, exist_ok=True)
+    resolve = partial(_resolve, spark, registry=registry, token=token, pending=pending, adapter=adapter,
+                      validity=validity, cap=max_clicks_per_query, stats=stats)
     try:
-        retried = None if work.retried is None else materialize(work.retried, staging / "retried")
-        parts = [click_columns(df) for df in (work.clicks, retried) if df is not None]
+        parts = [click_columns(df) for df in (work.clicks, work.retried) if df is not None]
+        if not parts:
+            return stats
         clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        looked, seen = _lookup(spark, clicks, registry, token, dc, pending, validity, staging)
-        stats.clicks = sum(seen[state] for state in STATES)
-        stats.skipped_registered, stats.too_old = seen[TAKEN], seen[TOO_OLD]
-        mark = stats.timed("lookup", mark)
+        looked = _looked(spark, clicks, registry, token, dc, pending, validity, staging)
+        checkpoint("before_registry_commit")
+        outcomes = resolve(looked, None, staging / "outcomes")
+        mark = stats.timed("lookup_judge_commit", mark)
         if stats.clicks == 0:
             return stats
-
-        found, not_found = _find(looked, seen, event_store, registry.queries_horizon(dc), stats, staging)
-        mark = stats.timed("eventstore", mark)
-
-        outcomes, judged = _judge(spark, found, not_found, looked, registry, token, pending, adapter, validity,
-                                  max_clicks_per_query, staging)
-        stats.pending = judged[PENDING]
-        stats.delay_seconds = join_delays(staging / "outcomes")
-        mark = stats.timed("judge", mark)
-
-        checkpoint("before_registry_commit")
-        answers = _commit(spark, registry, outcomes, token, staging, stats)
-        mark = stats.timed("registry_commit", mark)
+        if stats.beyond_memory:
+            beyond = outcomes.where(F.col("state") == BEYOND_MEMORY)
+            found = _find(beyond, event_store, stats)
+            outcomes = outcomes.where(F.col("state") != BEYOND_MEMORY).unionByName(
+                resolve(beyond.select(*looked.columns), found, staging / "outcomes_beyond"))
+            mark = stats.timed("eventstore", mark)
+        stats.delay_seconds = join_delays([staging / "outcomes", staging / "outcomes_beyond"])
         checkpoint("after_registry_commit")
 
-        _write(outcomes, answers, looked, retried, stats, token, attempt, dc, tables)
+        _write(outcomes, work.retried, stats, token, attempt, dc, tables)
         mark = stats.timed("write", mark)
         checkpoint("after_output_write")
 
@@ -248,11 +250,11 @@ def join_work_unit(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _lookup(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token: str, dc: str, pending: PendingPolicy,
-            validity: TimestampValidity | None, staging: Path) -> tuple[DataFrame, dict]:
-    """Phase 1: the clicks, one row per click_id, with their registry entry, their query's line when
-    the memory tier holds it, and their `state`; the count of each state, and the oldest query time
-    of the misses (an inconclusive miss is one at or before the memory tier's horizon)."""
+def _looked(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token: str, dc: str,
+            pending: PendingPolicy, validity: TimestampValidity | None, staging: Path) -> DataFrame:
+    """The clicks, one row per click_id, with their registry entry, their query's line and time when
+    the memory tier holds it, and their `state` (see STATES). A miss is conclusive above the memory
+    tier's horizon, read by each task after its lookups (a later eviction only raises it)."""
     looked = lookup_clicks(spark, registry, clicks.dropDuplicates(["click_id"]), dc, staging / "lookup")
     ip, pid, query_ts = event_id_parts("query_id")
     looked = (
@@ -260,120 +262,149 @@ def _lookup(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token:
         .withColumn("query_ts", query_ts)
         .join(F.broadcast(pending.progress_frame(spark).select("query_writer", "writer_ts")), "query_writer", "left")
     )
-    status, line = F.col("registry_status"), F.col("line")
+    status, line, horizon = F.col("registry_status"), F.col("line"), F.col("memory_horizon_ts")
     taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != token))
     future = F.lit(False) if validity is None else validity.from_future(F.col("timestamp_us"))
     ingested = F.coalesce(F.col("writer_ts") >= F.col("query_ts"), F.lit(False))
+    vouched = horizon.isNotNull() & (F.col("query_ts") > horizon)
     state = (
         F.when(taken, TAKEN).when(status == "too_old", TOO_OLD).when(future, FUTURE)
-        .when(line.isNotNull(), IN_MEMORY).when(ingested, MISS).otherwise(NOT_INGESTED)
+        .when(line.isNotNull(), IN_MEMORY).when(ingested & vouched, NOT_HELD).when(ingested, BEYOND_MEMORY)
+        .otherwise(NOT_INGESTED)
     )
-    looked = looked.withColumn("state", state).drop("query_writer", "writer_ts", "registry_status", "registry_token")
-    counts = {name: F.count_if(F.col("state") == name) for name in STATES}
-    return materialize_counted(looked, staging / "looked", **counts,
-                               oldest_miss_ts=F.min(F.when(F.col("state") == MISS, F.col("query_ts"))))
+    return looked.withColumn("state", state).drop("query_writer", "query_ts", "writer_ts", "registry_status",
+                                                  "registry_token", "memory_horizon_ts")
 
 
-def _find(looked: DataFrame, seen: dict, event_store: EventStore, horizon_ts: int | None, stats: JoinStats,
-          staging: Path) -> tuple[DataFrame, DataFrame]:
-    """Phase 2: the clicks whose query was found, with their query event (`query`), materialized;
-    and the candidates not found. The durable and logs tiers are read only for misses at or before
-    the memory tier's horizon, read after the lookups (a later eviction only raises it)."""
-    state = F.col("state")
-    lines = looked.where(state == IN_MEMORY)
-    missing = looked.where(state.isin(MISS, NOT_INGESTED))
-    stats.memory_hits, stats.not_ingested_yet = seen[IN_MEMORY], seen[NOT_INGESTED]
-    conclusive = horizon_ts is not None and (seen[MISS] == 0 or seen["oldest_miss_ts"] > horizon_ts)
-    if not conclusive:
-        beyond = missing.where((state == MISS) & (F.lit(horizon_ts is None) | (F.col("query_ts") <= F.lit(horizon_ts or 0))))
-        answered = event_store.beyond_memory(beyond.select("click_id", "query_id"))
-        stats.durable_hits, stats.logs_hits = event_store.stats.durable_hits, event_store.stats.logs_hits
-        stats.logs_ranges_read, stats.logs_bytes_read = event_store.stats.logs_ranges_read, event_store.stats.logs_bytes_read
-        lines = lines.unionByName(missing.drop("line").join(answered, "click_id"))
-        missing = missing.join(answered.select("click_id"), "click_id", "left_anti")
-    stats.not_found = seen[MISS] + seen[NOT_INGESTED] - stats.durable_hits - stats.logs_hits
-    found = materialize(with_query_struct(lines.select(*CLICK_FIELDS, "attempts", "line")), staging / "found")
-    return found, missing
+def _find(beyond: DataFrame, event_store: EventStore, stats: JoinStats) -> DataFrame:
+    """The lines (click_id, query_timestamp_us, line) of the queries of misses beyond the memory
+    tier's horizon that the durable and logs tiers hold."""
+    found = event_store.beyond_memory(beyond.select("click_id", "query_id"))
+    tiers = event_store.stats
+    stats.durable_hits, stats.logs_hits = tiers.durable_hits, tiers.logs_hits
+    stats.logs_ranges_read, stats.logs_bytes_read = tiers.logs_ranges_read, tiers.logs_bytes_read
+    stats.not_found -= stats.durable_hits + stats.logs_hits
+    return found
 
 
-def _judge(spark: SparkSession, found: DataFrame, not_found: DataFrame, looked: DataFrame, registry: IdRegistry,
-           token: str, pending: PendingPolicy, adapter: Adapter, validity: TimestampValidity | None,
-           max_clicks_per_query: int, staging: Path) -> tuple[DataFrame, dict]:
-    """Phase 3: one row per click the unit resolves or leaves pending, with its `outcome` (and
-    `reason`), materialized; the count of each outcome."""
-    def outcome(df: DataFrame, name: str, reason: Column | None = None) -> DataFrame:
-        return df.withColumn("outcome", F.lit(name)).withColumn("reason", F.lit(None).cast("string") if reason is None else reason)
+def _judged(looked: DataFrame, found: DataFrame | None, token: str, pending: PendingPolicy,
+            validity: TimestampValidity | None) -> DataFrame:
+    """Each click with its `outcome` (joined, invalid timestamp, given up or pending, for the judged
+    states; null for the others), its `reason`, and the record it leaves if still pending. The query
+    is judged by its time; its line is parsed only for the output. `found`: lines of misses beyond
+    the memory tier that the other tiers found."""
+    rows = looked
+    if found is not None:
+        rows = (rows.join(found.withColumnRenamed("line", "found_line")
+                          .withColumnRenamed("query_timestamp_us", "found_ts"), "click_id", "left")
+                .withColumn("line", F.coalesce("line", "found_line"))
+                .withColumn("query_timestamp_us", F.coalesce("query_timestamp_us", "found_ts"))
+                .withColumn("state", F.when(F.col("line").isNotNull(), IN_MEMORY).otherwise(NOT_HELD))
+                .drop("found_line", "found_ts"))
+    rows = pending.judge(
+        rows.select(*CLICK_FIELDS, "attempts", "last_attempt_unit", "state", "query_timestamp_us", "line"), token)
+    state, has_query = F.col("state"), F.col("line").isNotNull()
+    early = (F.lit(False) if validity is None
+             else validity.before_query(F.col("timestamp_us"), F.col("query_timestamp_us")))
+    judged = state.isin(*JUDGED_STATES)
+    outcome = (F.when(~judged, F.lit(None)).when(state == FUTURE, INVALID).when(has_query & early, INVALID)
+               .when(has_query, JOINED).when(F.col("give_up"), GIVEN_UP).otherwise(PENDING))
+    reason = (F.when(state == FUTURE, FUTURE_REASON).when(has_query & early, BEFORE_QUERY_REASON)
+              .when(has_query, F.lit(None)).when(judged & F.col("give_up"), F.col("reason")))
+    return rows.withColumn("outcome", outcome).withColumn("reason", reason).drop("give_up")
 
-    parts = []
-    if validity is not None:
-        early = validity.before_query(F.col("timestamp_us"), F.col("query.timestamp_us"))
-        parts.append(outcome(found.where(early).select(*CLICK_FIELDS), INVALID, F.lit(BEFORE_QUERY_REASON)))
-        parts.append(outcome(looked.where(F.col("state") == FUTURE).select(*CLICK_FIELDS), INVALID, F.lit(FUTURE_REASON)))
-        found = found.where(~early)
+
+def _refined(spark: SparkSession, judged: DataFrame, registry: IdRegistry, token: str, adapter: Adapter, cap: int,
+             staging: Path) -> DataFrame:
+    """The joined pairs, as (click, query) rows, through the adapter (business logic that may alter or
+    drop rows: dropped ones are unjoinable) and the per-query cap (resources/click_caps.py: those past
+    their query's grant are unjoinable as capped); the other rows as they were."""
+    def outcome(df: DataFrame, name: str, reason: str | None = None) -> DataFrame:
+        return (df.withColumn("outcome", F.lit(name)).withColumn("reason", F.lit(reason).cast("string"))
+                .withColumn("state", F.lit(IN_MEMORY)))
+
+    is_joined = F.coalesce(F.col("outcome") == JOINED, F.lit(False))
+    joined = judged.where(is_joined)
     schema = TABLE_SCHEMAS["joined_clicks"][0]
-    adapted = adapter(found.drop("attempts")).select(*[c for c in schema.fieldNames() if c in found.columns])
+    pairs = with_query_struct(joined.select(*CLICK_FIELDS, "line"))
+    adapted = adapter(pairs).select(*[c for c in schema.fieldNames() if c in pairs.columns])
+    parts = [judged.where(~is_joined)]
     if adapter is not default_adapter:
         adapted = materialize(adapted, staging / "adapted")
-        dropped = found.join(adapted.select("click_id"), "click_id", "left_anti").select(*CLICK_FIELDS)
-        parts.append(outcome(dropped, DROPPED, F.lit(DROPPED_REASON)))
-    if max_clicks_per_query > 0:
-        adapted, capped = cap_clicks(spark, registry, adapted, token, max_clicks_per_query, staging)
-        parts.append(outcome(capped.select(*CLICK_FIELDS), CAPPED, F.lit(CAPPED_REASON)))
+        dropped = joined.join(adapted.select("click_id"), "click_id", "left_anti").select(*CLICK_FIELDS)
+        parts.append(outcome(dropped, DROPPED, DROPPED_REASON))
+    if cap > 0:
+        adapted, capped = cap_clicks(spark, registry, adapted, token, cap, staging)
+        parts.append(outcome(capped.select(*CLICK_FIELDS), CAPPED, CAPPED_REASON))
+    # The query's time goes along for the window advice (join_delays), whatever the adapter kept.
+    adapted = adapted.join(joined.select("click_id", "query_timestamp_us"), "click_id")
     parts.append(outcome(adapted, JOINED))
-    judged = pending.judge(not_found.select(*CLICK_FIELDS, "attempts", "last_attempt_unit"), token)
-    parts.append(judged.where("give_up").drop("give_up").withColumn("outcome", F.lit(GIVEN_UP)))
-    parts.append(judged.where(~F.col("give_up")).drop("give_up", "reason").withColumn("outcome", F.lit(PENDING))
-                 .withColumn("reason", F.lit(None).cast("string")))
-    outcomes = parts[0]
+    refined = parts[0]
     for part in parts[1:]:
-        outcomes = outcomes.unionByName(part, allowMissingColumns=True)
-    return materialize_counted(outcomes, staging / "outcomes",
-                               **{name: F.count_if(F.col("outcome") == name) for name in (JOINED, PENDING)})
+        refined = refined.unionByName(part, allowMissingColumns=True)
+    return refined
 
 
-def _commit(spark: SparkSession, registry: IdRegistry, outcomes: DataFrame, token: str, staging: Path,
-            stats: JoinStats) -> DataFrame:
-    """Phase 4: every resolved id registered with the token; the answers (click_id, outcome, status)."""
-    resolved = outcomes.where(F.col("outcome") != PENDING).select("click_id", "timestamp_us", "outcome")
-    answers = commit_ids(spark, registry, resolved, token, staging / "commit")
-    counted = {(r["outcome"], r["status"]): r["count"] for r in answers.groupBy("outcome", "status").count().collect()}
+def _resolve(spark: SparkSession, looked: DataFrame, found: DataFrame | None, path: Path, *, registry: IdRegistry,
+             token: str, pending: PendingPolicy, adapter: Adapter, validity: TimestampValidity | None, cap: int,
+             stats: JoinStats) -> DataFrame:
+    """Judges the looked-up clicks (`_judged`; `_refined` too when an adapter or a cap is set) and
+    registers every id this work unit resolves with its token (the others are left pending or
+    skipped), in one Spark job writing the outcomes, with their registry `status`, to `path`. The
+    counts of the states, outcomes and answers are observed meanwhile and added to `stats`."""
+    judged = _judged(looked, found, token, pending, validity)
+    if adapter is not default_adapter or cap > 0:
+        judged = _refined(spark, materialize(judged, path.with_name(path.name + "_judged")), registry, token,
+                          adapter, cap, path.parent)
+    resolved = F.coalesce(F.col("outcome") != PENDING, F.lit(False))
+    committed = commit_ids(spark, registry, judged.withColumn("resolved", resolved), token,
+                           path.with_name(path.name + "_commit"), where="resolved").drop("resolved")
+    state, outcome, status = F.col("state"), F.col("outcome"), F.col("status")
+    counts = {name: F.count_if(state == name) for name in STATES}
+    counts.update({name: F.count_if((outcome == name) & (status == "held")) for name in (JOINED, *UNJOINABLE_OUTCOMES)})
+    outcomes, counted = materialize_counted(
+        committed, path, **counts, pending_outcome=F.count_if(outcome == PENDING),
+        refused=F.count_if(status == "refused"), too_old_answer=F.count_if(status == "too_old"))
+    if found is None:  # the first call: the states of every click
+        stats.clicks = sum(counted[name] for name in STATES)
+        stats.skipped_registered, stats.too_old = counted[TAKEN], counted[TOO_OLD]
+        stats.memory_hits, stats.not_ingested_yet = counted[IN_MEMORY], counted[NOT_INGESTED]
+        stats.not_found = counted[NOT_HELD] + counted[BEYOND_MEMORY] + counted[NOT_INGESTED]
+        stats.beyond_memory = counted[BEYOND_MEMORY]
+    stats.joined += counted[JOINED]
+    stats.pending += counted["pending_outcome"]
+    stats.refused += counted["refused"]
+    stats.dropped_by_adapter += counted[DROPPED]
+    stats.given_up += counted[GIVEN_UP]
+    stats.invalid_timestamp += counted[INVALID]
+    stats.capped += counted[CAPPED]
+    stats.too_old += counted["too_old_answer"]
+    return outcomes
 
-    def count(outcome: str | None = None, status: str | None = None) -> int:
-        return sum(n for (o, s), n in counted.items() if outcome in (None, o) and status in (None, s))
 
-    stats.joined = count(JOINED, "held")
-    stats.dropped_by_adapter = count(DROPPED, "held")
-    stats.given_up = count(GIVEN_UP, "held")
-    stats.invalid_timestamp = count(INVALID, "held")
-    stats.capped = count(CAPPED, "held")
-    stats.refused = count(status="refused")
-    stats.too_old += count(status="too_old")
-    return answers
-
-
-def _write(outcomes: DataFrame, answers: DataFrame, looked: DataFrame, retried: DataFrame | None, stats: JoinStats,
-           token: str, attempt: int, dc: str, tables: dict[str, str]) -> None:
-    """Phase 5: the outputs, keyed by click_id, then the pending clicks' records (last: a retry of a
-    unit that crashed before them retries the same pending clicks). A table with nothing to add is
-    not touched: an empty commit still costs a Delta commit."""
+def _write(outcomes: DataFrame, retried: DataFrame | None, stats: JoinStats, token: str, attempt: int, dc: str,
+           tables: dict[str, str]) -> None:
+    """The outputs, keyed by click_id, then the pending clicks' records (last: a retry of a unit
+    that crashed before them retries the same pending clicks). A table with nothing to add is not
+    touched: an empty commit still costs a Delta commit."""
     now = F.current_timestamp()
-    held = answers.where(F.col("status") == "held").select("click_id")
+    outcome, held = F.col("outcome"), F.col("status") == "held"
     if stats.joined:
         schema = TABLE_SCHEMAS["joined_clicks"][0]
-        joined = outcomes.where(F.col("outcome") == JOINED).join(held, "click_id", "left_semi")
+        joined = outcomes.where((outcome == JOINED) & held)
+        # The query's line parsed into the output's `query` here, unless the adapter already made it.
+        if "query" not in joined.columns:
+            joined = with_query_struct(joined.select(*CLICK_FIELDS, "line"))
         rows = joined.select(*[c for c in schema.fieldNames() if c in joined.columns],
                              F.lit(dc).alias("joined_by_dc"), now.alias("joined_at"), F.lit(token).alias("work_unit"))
         write_output(rows, "joined_clicks", tables["joined_clicks"], "click_id", token, attempt)
     if stats.unjoinable:
-        too_old = answers.where(F.col("status") == "too_old").select("click_id").unionByName(
-            looked.where(F.col("state") == TOO_OLD).select("click_id"))
+        too_old = (F.col("state") == TOO_OLD) | (F.col("status") == "too_old")
         rows = (
-            outcomes.where(F.col("outcome").isin(*UNJOINABLE_OUTCOMES)).join(held, "click_id", "left_semi")
-            .select(*CLICK_FIELDS, "reason")
-            .unionByName(looked.join(too_old, "click_id", "left_semi").select(*CLICK_FIELDS, F.lit(TOO_OLD_REASON).alias("reason")))
-            .select("*", F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
+            outcomes.where((outcome.isin(*UNJOINABLE_OUTCOMES) & held) | too_old)
+            .select(*CLICK_FIELDS, F.when(too_old, TOO_OLD_REASON).otherwise(F.col("reason")).alias("reason"),
+                    F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
         )
         write_output(rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", token, attempt)
     if stats.pending or retried is not None:
-        still = outcomes.where(F.col("outcome") == PENDING)
-        record_pending(tables["pending_clicks"], dc, still, retried)
+        record_pending(tables["pending_clicks"], dc, outcomes.where(outcome == PENDING), retried)

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_ops.events import PARSERS, BadLine, parse_query
+from spark_ops.events import BadLine, parse_click, parse_query, query_key
 from spark_ops.schemas import PARSED, QUERY_STRUCT, arrow_schema
 
 QUERY_ARROW = arrow_schema(QUERY_STRUCT)
@@ -38,6 +39,8 @@ LOOKUP_CHUNK_FIELDS = T.StructType(
     CHUNK_FIELDS.fields + [T.StructField("wanted", T.ArrayType(T.StringType()))]
 )
 ROWS_PER_BATCH = 8192
+# What a query line's text goes with to a text sink (spark_ops/parse.py: parse_chunks).
+TEXT_FIELDS = ["query_id", "timestamp_us", "line"]
 SNIPPET_CHARS = 200
 
 
@@ -87,27 +90,30 @@ def _may_hold(line: bytes, ids: list[bytes]) -> bool:
     return b"\\" in line or any(i in line for i in ids)
 
 
-def _event_columns(stream: str):
-    """(parse, to_columns): the contract's parser of a line, and what of its event a parsed line
-    keeps. A query line keeps its key fields and the line itself (the EventStore parses the rest of
-    the few queries clicks need: with_query_struct); a click line keeps every field."""
-    parse = PARSERS[stream]
-    if stream == "query":
-        return parse, lambda event, line: (event[0], event[1], event[5], event[6], line.decode())
-    return parse, lambda event, line: event
+# What a parsed line keeps of its event. A query line keeps its key fields and the line itself (the
+# EventStore parses the rest of the few queries clicks need: with_query_struct); a click line keeps
+# every field.
+PARSERS = {"query": query_key, "click": parse_click}
 
 
-def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
+def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema,
+                 text_sink: Callable[[pa.Table], None] | None = None):
     """mapInArrow function: chunks to parsed lines. A chunk with a `wanted` list yields only the
     lines that may be the events of those ids, and parses only those. Columns are gathered as lists
-    and turned into Arrow once per batch: no Python object per row beyond the parse itself."""
-    parse, keep = _event_columns(stream)
+    and turned into Arrow once per batch: no Python object per row beyond the parse itself.
+    `text_sink` (query lines) is given the task's valid lines (TEXT_FIELDS) once they are all
+    parsed, before the task ends (a retried task gives it the same lines again), and the rows yielded
+    then hold no text (`line` null): the text is most of a query line's bytes, and what follows an
+    ingest needs only where the line lies."""
+    parse = PARSERS[stream]
+    text_index = schema.get_field_index("line")
     n_event = len(schema) - 5  # file, offset, length, reason, snippet follow the event
     no_event = (None,) * n_event
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         columns: list[list] = [[] for _ in schema]
         event_columns, source_columns = columns[:n_event], columns[n_event:]
+        valid: list[pa.RecordBatch] = []
 
         def flush() -> pa.RecordBatch:
             batch = pa.RecordBatch.from_arrays(
@@ -115,6 +121,9 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
             )
             for col in columns:
                 col.clear()
+            if text_sink is not None:
+                valid.append(batch.filter(pc.is_null(batch.column("reason"))).select(TEXT_FIELDS))
+                batch = batch.set_column(text_index, "line", pa.nulls(batch.num_rows, pa.string()))
             return batch
 
         for batch in batches:
@@ -127,7 +136,7 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
                     try:
                         if length - 1 > max_line_bytes:  # `line` holds only its first bytes
                             raise BadLine(f"line of {length - 1} bytes exceeds the limit of {max_line_bytes}")
-                        values, problem = keep(parse(line, max_line_bytes), line), (None, None)
+                        values, problem = parse(line, max_line_bytes), (None, None)
                     except BadLine as bad:
                         values, problem = no_event, (str(bad), line[:SNIPPET_CHARS].decode("utf-8", errors="replace"))
                     for col, value in zip(event_columns, values):
@@ -138,6 +147,8 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema):
                         yield flush()
         if columns[0]:
             yield flush()
+        if text_sink is not None:
+            text_sink(pa.Table.from_batches(valid, schema=pa.schema([schema.field(name) for name in TEXT_FIELDS])))
 
     return run
 
@@ -198,32 +209,21 @@ def with_query_struct(df: DataFrame, line: str = "line") -> DataFrame:
 
 
 def chunk_frame(spark: SparkSession, stream_dir: Path, ranges: list[ByteRange], chunk_bytes: int) -> DataFrame:
-    """The ranges' chunks (CHUNK_FIELDS), one row each, spread over the session's partitions. Built
-    from a few literals per range (no RDD, so it runs over Spark Connect too; no shuffle)."""
-    counts = [-(-(r.end - r.start) // chunk_bytes) for r in ranges]
-    firsts = [sum(counts[:i]) for i in range(len(ranges))]  # index of each range's first chunk
-
-    def of_range(values: list, kind: str) -> Column:
-        """The value of the chunk's range, from one literal array per field."""
-        return F.element_at(F.array(*[F.lit(v).cast(kind) for v in values]), which)
-
-    chunk = F.col("id")
-    # The range a chunk belongs to: the last one whose first chunk is at or before it (1-based).
-    which = F.size(F.filter(F.array(*[F.lit(f).cast("long") for f in firsts]), lambda first: first <= chunk))
-    file = of_range([r.file for r in ranges], "string")
-    range_start = of_range([r.start for r in ranges], "long")
-    range_end = of_range([r.end for r in ranges], "long")
-    start = range_start + (chunk - of_range(firsts, "long")) * chunk_bytes
-    # Several chunks per task: a Python task costs far more than reading a few MB.
-    partitions = max(1, min(sum(counts), int(spark.conf.get("spark.sql.shuffle.partitions"))))
-    return spark.range(0, sum(counts), 1, partitions).select(
-        F.concat(F.lit(str(stream_dir) + "/"), file).alias("path"),
-        file.alias("file"),
-        range_end.alias("range_end"),
-        start.alias("chunk_start"),
-        F.least(start + chunk_bytes, range_end).alias("chunk_end"),
-        (start == range_start).alias("owns_first_line"),
-    )
+    """The ranges' chunks (CHUNK_FIELDS), one row each, spread over the session's partitions (a
+    Python task costs far more than reading a few MB, so each takes several). Built in the driver as
+    one small Arrow table, a record batch per partition, which both a local session and a Connect
+    client turn into a frame without a Python worker or a shuffle. (Literal arrays chosen per row
+    by an expression, the former way, cost ~3 s of code generation for 200 ranges.)"""
+    rows = {name: [] for name in CHUNK_FIELDS.fieldNames()}
+    for r in ranges:
+        for start in range(r.start, r.end, chunk_bytes):
+            for name, value in zip(rows, (f"{stream_dir}/{r.file}", r.file, r.end, start, min(start + chunk_bytes, r.end),
+                                          start == r.start)):
+                rows[name].append(value)
+    table = pa.table(rows, schema=arrow_schema(CHUNK_FIELDS))
+    partitions = max(1, min(table.num_rows, int(spark.conf.get("spark.sql.shuffle.partitions"))))
+    batches = table.to_batches(max_chunksize=-(-table.num_rows // partitions))
+    return spark.createDataFrame(pa.Table.from_batches(batches, schema=table.schema), schema=CHUNK_FIELDS)
 
 
 def parse_ranges(
@@ -233,14 +233,16 @@ def parse_ranges(
     ranges: list[ByteRange],
     max_line_bytes: int = 65536,
     chunk_bytes: int = 4 << 20,
+    text_sink: Callable[[pa.Table], None] | None = None,
 ) -> DataFrame:
-    """Every line of the ranges, parsed: events have `reason` null, quarantined lines have one."""
+    """Every line of the ranges, parsed: events have `reason` null, quarantined lines have one.
+    `text_sink`: see parse_chunks."""
     spark_schema = PARSED[stream]
     ranges = [r for r in ranges if r.end > r.start]
     if not ranges:
         return spark.createDataFrame([], spark_schema)
     return chunk_frame(spark, stream_dir, ranges, chunk_bytes).mapInArrow(
-        parse_chunks(stream, max_line_bytes, arrow_schema(spark_schema)), spark_schema
+        parse_chunks(stream, max_line_bytes, arrow_schema(spark_schema), text_sink), spark_schema
     )
 
 

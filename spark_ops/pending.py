@@ -20,7 +20,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import deltalake
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -28,7 +33,8 @@ from pyspark.sql import types as T
 
 from resources.stream_state import PendingDigest, QueryProgress
 from spark_ops.event_store import event_id_parts
-from spark_ops.schemas import literal_frame
+from spark_ops.handoff import unstage
+from spark_ops.schemas import arrow_schema, literal_frame
 from spark_ops.tables import TABLE_SCHEMAS, append, overwrite_where, read_table, sql_literal, table_lock
 
 PROGRESS_SCHEMA = T.StructType(
@@ -57,6 +63,14 @@ def pending_of(spark: SparkSession, path: str, dc: str | None = None) -> DataFra
     return current_pending(records if dc is None else records.where(F.col("dc") == dc))
 
 
+# A datacenter's current pending clicks, from the records (see the module docstring), in DuckDB.
+CURRENT_SQL = """
+    SELECT * EXCLUDE (latest) FROM (
+        SELECT *, row_number() OVER (PARTITION BY click_id ORDER BY recorded_at DESC, resolved DESC) AS latest
+        FROM records)
+    WHERE latest = 1 AND NOT resolved"""
+
+
 @dataclass
 class PendingPolicy:
     progress: QueryProgress  # read before the EventStore's tables, so it never claims more than they hold
@@ -66,44 +80,62 @@ class PendingPolicy:
     backoff_max_seconds: float
 
     def progress_frame(self, spark: SparkSession) -> DataFrame:
-        rows = [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
-        return literal_frame(spark, rows, PROGRESS_SCHEMA)
+        return literal_frame(spark, self._progress_rows(), PROGRESS_SCHEMA)
+
+    def _progress_rows(self) -> list[tuple]:
+        return [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
 
     def _age_reached(self, timestamp_us: Column) -> Column:
         if self.progress.max_ts is None:
             return F.lit(False)
         return F.lit(self.progress.max_ts) - timestamp_us >= int(self.unjoinable_after_seconds * 1e6)
 
-    def _backoff_over_at(self) -> Column:
-        seconds = F.least(
-            F.lit(self.backoff_max_seconds), F.lit(self.backoff_seconds) * F.pow(F.lit(2.0), F.col("attempts") - 1)
-        )
-        # Never attempted (re-injected by recovery): no backoff.
-        return F.coalesce(F.col("last_attempt_at").cast("double") + seconds, F.lit(0.0))
+    def _ready(self, path: str, dc: str) -> duckdb.DuckDBPyRelation | None:
+        """The datacenter's current pending clicks with `data_ready` (query data that could hold the
+        click's query arrived since its last lookup, or the click reached the unjoinable age: its
+        final lookup is due) and `backoff_over_at` (epoch seconds; never attempted, re-injected by
+        recovery: no backoff). Read by DuckDB from the Delta table's files (deltalake): tens of
+        milliseconds, where Spark's window over the records costs a few jobs. None: no table yet."""
+        if not (Path(path) / "_delta_log").is_dir():
+            return None
+        con = duckdb.connect()
+        con.register("records", deltalake.DeltaTable(path).to_pyarrow_dataset().filter(ds.field("dc") == dc))
+        con.register("progress", pa.Table.from_pylist(
+            [dict(zip(PROGRESS_SCHEMA.fieldNames(), row)) for row in self._progress_rows()],
+            schema=arrow_schema(PROGRESS_SCHEMA)))
+        con.execute(f"CREATE TEMP VIEW current AS {CURRENT_SQL}")
+        age = ("FALSE" if self.progress.max_ts is None else
+               f"{int(self.progress.max_ts)} - timestamp_us >= {int(self.unjoinable_after_seconds * 1e6)}")
+        return con.sql(f"""
+            SELECT c.*,
+                (p.writer_ts IS NOT NULL AND p.writer_ts >= c.query_ts
+                    AND coalesce(c.writer_ts_at_attempt, -1) < c.query_ts)
+                OR coalesce(p.writer_backfills, 0) > c.writer_backfills_at_attempt
+                OR ({age}) AS data_ready,
+                coalesce(epoch(c.last_attempt_at) + least({float(self.backoff_max_seconds)},
+                    {float(self.backoff_seconds)} * pow(2.0, c.attempts - 1)), 0.0) AS backoff_over_at
+            FROM current c LEFT JOIN progress p USING (query_writer)""")
 
-    def _with_data_ready(self, pending: DataFrame) -> DataFrame:
-        """`data_ready`: query data that could hold the click's query arrived since its last lookup,
-        or the click reached the unjoinable age (its final lookup is due)."""
-        writer_passed = (
-            F.col("writer_ts").isNotNull()
-            & (F.col("writer_ts") >= F.col("query_ts"))
-            & (F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts"))
-        )
-        backfilled = F.coalesce(F.col("writer_backfills"), F.lit(0)) > F.col("writer_backfills_at_attempt")
-        return pending.join(F.broadcast(self.progress_frame(pending.sparkSession)), "query_writer", "left").withColumn(
-            "data_ready", writer_passed | backfilled | self._age_reached(F.col("timestamp_us"))
-        )
-
-    def due(self, pending: DataFrame, now: float | None = None) -> DataFrame:
-        """The current pending clicks to retry now (the table's columns)."""
+    def due(self, spark: SparkSession, path: str, dc: str, staging: Path, now: float | None = None) -> DataFrame | None:
+        """The datacenter's current pending clicks to retry now (the table's columns), handed to Spark
+        through Parquet at `staging`; None if there is none."""
         now = time.time() if now is None else now
-        ready = self._with_data_ready(pending).where(F.col("data_ready") & (self._backoff_over_at() <= now))
-        return ready.select(*pending.columns)
+        ready = self._ready(path, dc)
+        if ready is None:
+            return None
+        due = ready.filter(f"data_ready AND backoff_over_at <= {float(now)}").select(", ".join(COLUMNS)).to_arrow_table()
+        if not due.num_rows:
+            return None
+        schema = TABLE_SCHEMAS["pending_clicks"][0]
+        frame = unstage(spark, pa.RecordBatchReader.from_batches(due.schema, due.to_batches()), staging)
+        return frame.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+
 
     def judge(self, not_found: DataFrame, token: str) -> DataFrame:
-        """Clicks not found by this lookup, as `pending_clicks` records for it, with `give_up` and the
-        unjoinable `reason`. `not_found` carries the clicks' earlier `attempts` (0 if none) and the
-        unit of their last attempt: an earlier attempt of this very work unit counted the lookup."""
+        """Clicks not found by this lookup, as `pending_clicks` records for it (but the times, which
+        `record_pending` sets), with `give_up` and the unjoinable `reason`. `not_found` carries the
+        clicks' earlier `attempts` (0 if none) and the unit of their last attempt: an earlier attempt
+        of this very work unit counted the lookup."""
         counted = F.coalesce(F.col("last_attempt_unit"), F.lit("")) != token
         attempts = F.col("attempts") + F.when(counted, 1).otherwise(0)
         parts = event_id_parts("query_id")
@@ -117,7 +149,6 @@ class PendingPolicy:
             with_writer.join(F.broadcast(self.progress_frame(not_found.sparkSession)), "query_writer", "left")
             .withColumn("writer_ts_at_attempt", F.col("writer_ts"))
             .withColumn("writer_backfills_at_attempt", F.coalesce(F.col("writer_backfills"), F.lit(0)).cast("int"))
-            .withColumn("last_attempt_at", F.current_timestamp())
             .withColumn("last_attempt_unit", F.lit(token))
             .withColumn("give_up", self._age_reached(F.col("timestamp_us")) & (F.col("attempts") >= self.min_attempts))
             .withColumn(
@@ -130,27 +161,28 @@ class PendingPolicy:
             .drop("writer_ts", "writer_backfills")
         )
 
-    def digest(self, spark: SparkSession, path: str, dc: str) -> PendingDigest:
+    def digest(self, path: str, dc: str) -> PendingDigest:
         """What this datacenter's pending clicks now wait for (resources/stream_state.py)."""
-        rows = self._with_data_ready(pending_of(spark, path, dc))
-        waiting = ~F.col("data_ready") & F.col("query_writer").isNotNull()
-        behind_progress = F.coalesce(F.col("writer_ts_at_attempt"), F.lit(-1)) < F.col("query_ts")
-        # One pass over the table: a row per query writer (and one for clicks without a writer).
-        per_writer = rows.groupBy("query_writer").agg(
-            F.count("*").alias("pending"),
-            F.min("timestamp_us").alias("oldest_ts"),
-            F.min(F.when(F.col("data_ready"), self._backoff_over_at())).alias("retry_at"),
-            F.count_if(waiting).alias("waiting"),
-            F.min(F.when(waiting & behind_progress, F.col("query_ts"))).alias("ts"),
-            F.min(F.when(waiting, F.col("writer_backfills_at_attempt"))).alias("backfills"),
-        ).collect()
+        ready = self._ready(path, dc)
+        if ready is None:
+            return PendingDigest(stream_ts=self.progress.max_ts or 0, updated_at=time.time())
+        waiting = "NOT data_ready AND query_writer IS NOT NULL"
+        behind_progress = "coalesce(writer_ts_at_attempt, -1) < query_ts"
+        # One pass over the clicks: a row per query writer (and one for clicks without a writer).
+        per_writer = ready.aggregate(f"""
+            query_writer, count(*) AS pending, min(timestamp_us) AS oldest_ts,
+            min(backoff_over_at) FILTER (WHERE data_ready) AS retry_at,
+            count(*) FILTER (WHERE {waiting}) AS waiting,
+            min(query_ts) FILTER (WHERE {waiting} AND {behind_progress}) AS ts,
+            min(writer_backfills_at_attempt) FILTER (WHERE {waiting}) AS backfills""", "query_writer").to_arrow_table()
+        rows = per_writer.to_pylist()
 
         def smallest(column: str):
-            return min((r[column] for r in per_writer if r[column] is not None), default=None)
+            return min((r[column] for r in rows if r[column] is not None), default=None)
 
         return PendingDigest(
-            pending=sum(r["pending"] for r in per_writer),
-            needs={r["query_writer"]: [r["ts"], r["backfills"]] for r in per_writer if r["waiting"]},
+            pending=sum(r["pending"] for r in rows),
+            needs={r["query_writer"]: [r["ts"], r["backfills"]] for r in rows if r["waiting"]},
             oldest_ts=smallest("oldest_ts"),
             retry_at=smallest("retry_at"),
             stream_ts=self.progress.max_ts or 0,
@@ -165,7 +197,8 @@ def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataF
     registered by another work unit). Appended again by a retried work unit, the records say the
     same and are later: a click's latest record counts."""
     now = F.current_timestamp()
-    rows = still_pending.withColumn("dc", F.lit(dc)).withColumn("resolved", F.lit(False)).withColumn("recorded_at", now)
+    rows = (still_pending.withColumn("dc", F.lit(dc)).withColumn("last_attempt_at", now)
+            .withColumn("resolved", F.lit(False)).withColumn("recorded_at", now))
     if resolved is not None:
         gone = resolved.join(still_pending.select("click_id"), "click_id", "left_anti")
         rows = rows.select(*COLUMNS).unionByName(

@@ -11,6 +11,7 @@ actions read it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -30,9 +31,11 @@ GRANT_ANSWER = T.StructType([T.StructField("query_id", T.StringType()), T.Struct
 LOOKUP_FIELDS = [
     T.StructField("registry_status", T.StringType()),  # registered, too_old, or null: unregistered
     T.StructField("registry_token", T.StringType()),
+    T.StructField("query_timestamp_us", T.LongType()),
     T.StructField("line", T.StringType()),
+    # The memory tier's horizon when the task had looked its clicks up (resources/recent_queries.py).
+    T.StructField("memory_horizon_ts", T.LongType()),
 ]
-PUT_ANSWER = T.StructType([T.StructField("rows", T.LongType())])
 
 
 def with_columns_of(table: pa.Table, other: pa.Table, key: str) -> pa.Table:
@@ -74,16 +77,23 @@ def _call(spark: SparkSession, registry: IdRegistry, df: DataFrame, call: Callab
     return materialize(answer, staging / "answer") if materialized else answer
 
 
-def commit_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, token: str, staging: Path) -> DataFrame:
-    """`ids`: click_id, timestamp_us and any other columns. Answer: those columns and the status
-    (held, refused, too_old) of each id, materialized."""
+def commit_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, token: str, staging: Path,
+               where: str | None = None) -> DataFrame:
+    """`ids`: click_id, timestamp_us and any other columns, one row per click_id. Answer: those
+    columns and the status (held, refused, too_old) of each id; with `where` (a boolean column), only
+    the rows where it holds are committed, the others pass with status null. Not materialized with
+    the service (the caller materializes it with what it derives); with an embedded registry, read
+    from Parquet."""
     schema = T.StructType([f for f in ids.schema.fields] + [T.StructField("status", T.StringType())])
 
     def commit(registry: IdRegistry, table: pa.Table) -> pa.Table:
-        answer = registry.commit(table.select(["click_id", "timestamp_us"]), token)
+        chosen = table if where is None else table.filter(pc.fill_null(table.column(where), False))
+        if not chosen.num_rows:
+            return table.append_column("status", pa.nulls(table.num_rows, pa.string()))
+        answer = registry.commit(chosen.select(["click_id", "timestamp_us"]), token)
         return with_columns_of(table, answer.select(["click_id", "status"]), "click_id")
 
-    return _call(spark, registry, ids, commit, schema, staging)
+    return _call(spark, registry, ids, commit, schema, staging, materialized=False)
 
 
 def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, staging: Path) -> DataFrame:
@@ -96,35 +106,55 @@ def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, 
     def lookup(registry: IdRegistry, table: pa.Table) -> pa.Table:
         registered = registry.lookup(table.select(["click_id", "timestamp_us"])).select(["click_id", "token", "status"])
         registered = registered.rename_columns(["click_id", "registry_token", "registry_status"])
-        lines = registry.recall_queries(dc, table.select(["query_id"]))
-        return with_columns_of(with_columns_of(table, registered, "click_id"), lines, "query_id")
+        lines = registry.recall_queries(dc, table.select(["query_id"])).select(["query_id", "timestamp_us", "line"])
+        lines = lines.rename_columns(["query_id", "query_timestamp_us", "line"])
+        # Read after the lines: an eviction meanwhile only raises it, so a miss it vouches for is one.
+        horizon = registry.queries_horizon(dc)
+        looked = with_columns_of(with_columns_of(table, registered, "click_id"), lines, "query_id")
+        return looked.append_column("memory_horizon_ts", pa.array([horizon] * looked.num_rows, pa.int64()))
 
     return _call(spark, registry, clicks, lookup, schema, staging, materialized=False)
 
 
-def remember_queries(spark: SparkSession, registry: IdRegistry, queries: DataFrame, dc: str, unit: str, attempt: int,
-                     ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
-                     budget_bytes: int, staging: Path) -> int:
-    """Puts a work unit's valid query lines (query_id, line) in `dc`'s memory tier, each partition
-    as a piece of its own; returns the rows put."""
-    from pyspark import TaskContext
+@dataclass(frozen=True)
+class QueryPut:
+    """One attempt of a query work unit putting its valid lines into `dc`'s memory tier
+    (resources/recent_queries.py): each task that parses a share of them puts that share as a piece
+    of its own, keyed by the task's partition (a retried task replaces its piece)."""
 
-    remote = registry.for_executors()
+    registry: IdRegistry
+    dc: str
+    unit: str
+    attempt: int
+    ingested_before_ts: int | None  # the query stream's progress before this unit
+    latest_valid_ts: int  # queries whose ids name a later time are from the future: not held
+    retention_seconds: float
+    budget_bytes: int
 
-    def put(registry: IdRegistry, table: pa.Table, part: int) -> pa.Table:
-        registry.remember_queries(dc, unit, attempt, part, table, ingested_before_ts, latest_valid_ts,
-                                  retention_seconds, budget_bytes)
-        return pa.table({"rows": pa.array([table.num_rows], pa.int64())})
+    def _args(self) -> tuple:
+        return (self.dc, self.unit, self.attempt)
 
-    if remote is None:
-        answer = _via_driver(spark, queries.select("query_id", "line"), lambda table: put(registry, table, 0),
-                             PUT_ANSWER, staging)
-    else:
-        def per_task(table: pa.Table) -> pa.Table:
-            return put(remote, table, TaskContext.get().partitionId())
+    def in_executors(self) -> Callable[[pa.Table], None] | None:
+        """The function a parse task gives its valid lines (spark_ops/parse.py: text_sink); None if
+        the registry lives in the driver's process only."""
+        remote = self.registry.for_executors()
+        if remote is None:
+            return None
+        dc, unit, attempt = self._args()
+        rest = (self.ingested_before_ts, self.latest_valid_ts, self.retention_seconds, self.budget_bytes)
 
-        answer = queries.select("query_id", "line").mapInArrow(_answer_of(per_task, PUT_ANSWER), PUT_ANSWER)
-    return sum(row["rows"] for row in answer.collect())  # a row per partition
+        def put(lines: pa.Table) -> None:
+            from pyspark import TaskContext
+
+            remote.remember_queries(dc, unit, attempt, TaskContext.get().partitionId(),
+                                    lines, *rest)
+
+        return put
+
+    def from_driver(self, lines: pa.Table) -> None:
+        """All the unit's valid lines (query_id, timestamp_us, line), as one piece."""
+        self.registry.remember_queries(*self._args(), 0, lines, self.ingested_before_ts, self.latest_valid_ts,
+                                       self.retention_seconds, self.budget_bytes)
 
 
 def grant_clicks(spark: SparkSession, registry: IdRegistry, wanted: DataFrame, token: str, cap: int,

@@ -47,9 +47,11 @@ def _f(name: str, dt: T.DataType) -> T.StructField:
 CLICK_EVENT = [f for f in CLICK_FIELDS if f.name != "extra"] + [_f("click_extra", T.StringType())]
 
 TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
-    # The EventStore's durable tier: each datacenter's valid query lines of the last hour, by id.
+    # The EventStore's durable tier: where each datacenter's valid query lines of the last hour lie in
+    # the raw logs, by id (the logs are durable and never rewritten: the lines are not copied).
     "query_logs": (
-        T.StructType([_f("dc", T.StringType()), *QUERY_LINE_FIELDS, *SOURCE_FIELDS, _f("work_unit", T.StringType())]),
+        T.StructType([_f("dc", T.StringType()), *[f for f in QUERY_LINE_FIELDS if f.name != "line"], *SOURCE_FIELDS,
+                      _f("work_unit", T.StringType())]),
         ["dc"],
     ),
     "log_file_map": (

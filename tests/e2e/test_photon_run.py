@@ -78,11 +78,13 @@ def late_workload(tmp_path_factory):
 
 def test_late_queries_duplicates_replicas_and_reruns(late_workload, spark, over_spark_connect):
     """Over Spark Connect, as under `photon up` (the quick tier's end-to-end run is on a local session).
-    A cache tier of 20 s of event time: evictions run, and late queries are found in the raw logs
-    through the log file map too (mapInArrow in the server's Python workers)."""
+    A memory tier that holds nothing (a budget of one byte) and a durable tier of 20 s of event time:
+    evictions run, and late queries are found in the raw logs through the log file map too
+    (mapInArrow in the server's Python workers)."""
     data_dir, truth = late_workload
     assert truth["withheld_late_query_events"] > 0 and truth["duplicate_click_lines"] > 0
-    settings = {"PHOTON_SETTINGS": json.dumps({"query_cache_retention_seconds": 20, "query_cache_vacuum_retain_hours": 0})}
+    settings = {"PHOTON_SETTINGS": json.dumps({"query_memory_bytes": 1, "query_cache_retention_seconds": 20,
+                                             "query_cache_vacuum_retain_hours": 0})}
 
     # 1. Late queries withheld: their clicks stay pending; everything else is joined exactly once.
     first = run(data_dir, "--datacenters", "dc1", env_extra=settings)

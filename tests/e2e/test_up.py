@@ -57,10 +57,13 @@ def wait_for_output(data_dir: Path, truth: dict, up: subprocess.Popen) -> None:
     joined_path = data_dir / "warehouse" / "joined_clicks"
     instance = headless_instance(DataLayout(data_dir))
     deadline = time.monotonic() + IDLE_TIMEOUT_SECONDS
-    quiet = 0
+    quiet, joined, unfinished = 0, 0, 0
     while quiet < 2:
         assert up.poll() is None, f"photon up exited with status {up.returncode}"
-        assert time.monotonic() < deadline, "the daemon did not drive the workload to idle in time"
+        assert time.monotonic() < deadline, (
+            f"the daemon did not drive the workload to idle in time: {joined} of {truth['joinable_clicks']} "
+            f"clicks joined, {unfinished} runs unfinished, runs by status "
+            f"{ {s.value: instance.get_runs_count(dg.RunsFilter(statuses=[s])) for s in dg.DagsterRunStatus} }")
         time.sleep(5)
         joined = (
             sum(DeltaTable(str(joined_path)).get_add_actions(flatten=True).column("num_records").to_pylist())

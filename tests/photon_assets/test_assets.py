@@ -77,7 +77,7 @@ def test_pipeline_through_assets_and_checks(data_dir):
         queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:2", 6)])
         ingested = materialize(data_dir, instance, QUERY_UNIT, unit("ingest_query_logs", "dc1.query.00000000", queries))
         assert metadata(ingested, "query_logs")["queries_added"] == 2
-        assert metadata(ingested, "query_logs")["queries_held_in_memory"] == 2
+        assert metadata(ingested, "query_logs")["memory_tier_queries"] == 2
         assert metadata(ingested, "query_logs")["dagster/row_count"] == 2
         assert metadata(ingested, "log_file_map")["entries_added"] >= 1
         assert metadata(ingested, "query_logs")["delta_commits"] == 2  # query_logs, log_file_map
@@ -174,7 +174,8 @@ def test_the_aggregates_check_compares_with_the_version_the_last_refresh_names(d
 def test_table_maintenance_evicts_the_durable_tier_and_deletes_unreferenced_files(data_dir):
     second = 1_000_000
     t0 = 1_700_000_000 * second
-    settings = PipelineSettings(query_cache_retention_seconds=60, query_cache_vacuum_retain_hours=0)
+    settings = PipelineSettings(query_cache_retention_seconds=60, query_cache_vacuum_retain_hours=0,
+                                maintenance_compact_at_files=2)
     batches = [[0, 10, 20, 30], [40], [100]]  # seconds after t0
     with dg.instance_for_test() as instance:
         for i, batch in enumerate(batches):

@@ -11,7 +11,7 @@ NOW = 1_700_000_000 * SECOND
 
 def lines(writer: str, times: list[int]) -> pa.Table:
     ids = [f"{writer}:{t}" for t in times]
-    return pa.table({"query_id": ids, "line": [f'{{"query_id":"{i}"}}' for i in ids]})
+    return pa.table({"query_id": ids, "timestamp_us": times, "line": [f'{{"query_id":"{i}"}}' for i in ids]})
 
 
 def wanted(*ids: str) -> pa.Table:
@@ -34,15 +34,22 @@ def test_lookups_find_each_held_query_once_and_count_hits_and_misses():
     assert (stats["hits"], stats["misses"], stats["pieces"], stats["rows"]) == (2, 1, 2, 4)
 
 
-def test_a_later_attempt_replaces_its_units_pieces_and_future_queries_are_not_held():
+def test_a_later_attempt_replaces_its_units_pieces_and_future_queries_are_held_apart():
     store = RecentQueries()
     put(store, "u1", lines("10.1.0.1:7", [NOW]), attempt=1, part=0)
     put(store, "u1", lines("10.1.0.1:7", [NOW + 5]), attempt=1, part=1)
     put(store, "u1", lines("10.1.0.1:7", [NOW + 7, NOW + 3600 * SECOND]), attempt=2, part=0)
     assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW}", f"10.1.0.1:7:{NOW + 5}")).num_rows == 0
     assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW + 7}")).num_rows == 1
-    # An hour ahead of the clock (latest valid: now + 300 s): from the future, not held.
-    assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW + 3600 * SECOND}")).num_rows == 0
+    # An hour ahead of the clock (latest valid: now + 300 s): from the future, held, but it moves
+    # neither the eviction clock (the piece of NOW + 7 stays, 600 s of retention) nor the horizon.
+    assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW + 3600 * SECOND}")).num_rows == 1
+    put(store, "u2", lines("10.1.0.1:7", [NOW + 200 * SECOND]))
+    assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW + 7}")).num_rows == 1
+    assert store.stats()["dc1"]["newest_ts"] == NOW + 200 * SECOND and store.horizon("dc1") == -1
+    # Over the byte budget it leaves last, and then the horizon covers it: a miss is no longer conclusive.
+    put(store, "u3", lines("10.1.0.2:8", [NOW + 201 * SECOND]), budget=1)
+    assert store.stats()["dc1"]["pieces"] == 0 and store.horizon("dc1") == NOW + 3600 * SECOND
 
 
 def test_pieces_leave_by_event_time_and_by_bytes_and_raise_the_horizon():

@@ -2,7 +2,7 @@
 
 from pyspark.sql import functions as F
 
-from spark_ops.aggregates import aggregate_clicks, aggregates_snapshot, refresh_aggregates
+from spark_ops.aggregates import VERSION_NOTE, aggregate_clicks, aggregates_snapshot, commit_note, refresh_aggregates
 from spark_ops.tables import TABLE_SCHEMAS, append_once, delta_path, overwrite, read_table
 
 MINUTE = 60_000_000
@@ -41,8 +41,10 @@ def test_refreshing_with_the_changes_gives_the_whole_aggregation_and_leaves_othe
     untouched = spark.createDataFrame(
         [("adv9", 0, 7, 7)], "advertiser_id string, minute long, clicks long, cost_micros long"
     ).withColumn("minute", F.timestamp_micros(F.col("minute")))
-    overwrite(read_table(spark, "click_aggregates", aggregates_path).unionByName(untouched), "click_aggregates",
-              aggregates_path)
+    through, _ = aggregates_snapshot(spark, aggregates_path)
+    with commit_note(spark, f"{VERSION_NOTE}{through}"):
+        overwrite(read_table(spark, "click_aggregates", aggregates_path).unionByName(untouched), "click_aggregates",
+                  aggregates_path)
 
     units = {
         # The second minute, shared with unit a (the last microsecond of its minute too), and a new one.

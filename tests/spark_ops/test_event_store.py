@@ -9,11 +9,12 @@ from pyspark.sql import functions as F
 from resources.layout import TABLES
 from resources.registry_shards import ShardedIdRegistry
 from resources.stream_state import QueryProgress, WriterProgress, pending_retry_decision
-from spark_ops.event_store import EventStore, evict_from_cache
-from spark_ops.ingest import MemoryTier, ingest_queries, line_stats
+from spark_ops.event_store import DurableTiers, EventStore, evict_from_cache
+from spark_ops.ingest import ingest_queries, line_stats, stage_queries
 from spark_ops.join import JoinInput, join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy, pending_of
+from spark_ops.registry_calls import QueryPut
 from spark_ops.tables import read_table
 from tests.conftest import click, query, write_lines
 
@@ -42,18 +43,17 @@ def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us
     """A query work unit's ingest; its lines go to `registry`'s memory tier (a registry of its own by
     default, which no lookup asks: the tests of the tiers beyond memory)."""
     ranges = [ByteRange(f, 0, (query_dir / f).stat().st_size) for f in files]
-    parsed = parse_ranges(spark, "query", query_dir, ranges).persist()
-    stats = line_stats(parsed, by_writer=True)
     own = registry is None
     registry = registry or ShardedIdRegistry(query_dir.parent / "unused-registry" / unit, gc_interval_seconds=None)
+    staged = query_dir.parent / "staging" / unit
     try:
-        ingest_queries(parsed, stats, "dc1", unit, 1, tables, 10, every_bytes, MemoryTier(registry, 3600, 1 << 30),
-                       ingested_before_ts=ingested_before_ts, latest_valid_ts=10**17,
-                       staging=query_dir.parent / "staging" / unit, cache_since_us=cache_since_us)
+        parsed = stage_queries(spark, query_dir, ranges, 65536,
+                               QueryPut(registry, "dc1", unit, 1, ingested_before_ts, 10**17, 3600, 1 << 30), staged)
+        stats = line_stats(staged, by_writer=True)
+        ingest_queries(parsed, staged, stats, "dc1", unit, 1, tables, 10, every_bytes, cache_since_us=cache_since_us)
     finally:
         if own:
             registry.close()
-    parsed.unpersist()
     return stats.writers
 
 
@@ -64,8 +64,9 @@ def beyond(event_store: EventStore, clicks) -> dict[str, str]:
 
 
 def store(spark, tables, query_dir, every_bytes=4096) -> EventStore:
-    return EventStore(read_table(spark, "query_logs", tables["query_logs"]),
-                      read_table(spark, "log_file_map", tables["log_file_map"]), query_dir, 10, every_bytes, 65536)
+    return EventStore(lambda: DurableTiers(read_table(spark, "query_logs", tables["query_logs"]),
+                                           read_table(spark, "log_file_map", tables["log_file_map"])),
+                      query_dir, 10, every_bytes, 65536)
 
 
 def clicks_frame(spark, tmp_path, clicks):
@@ -129,9 +130,10 @@ def test_a_miss_the_durable_tier_would_hold_is_not_read_from_the_logs(tmp_path, 
     wanted = {"c1": qid("10.1.0.1:7", 100), "c2": qid("10.1.0.1:7", 900), "c3": qid("10.1.0.1:7", 605),
               "c4": qid("10.1.0.1:7", 1105)}
     clicks = [click(cid(c), q, T0 + 1200 * SECOND) for c, q in wanted.items()]
-    event_store = EventStore(read_table(spark, "query_logs", tables["query_logs"]),
-                             read_table(spark, "log_file_map", tables["log_file_map"]), query_dir, 10, 4096, 65536,
-                             durable_complete_from_us=complete_from)
+    event_store = EventStore(lambda: DurableTiers(read_table(spark, "query_logs", tables["query_logs"]),
+                                                  read_table(spark, "log_file_map", tables["log_file_map"]),
+                                                  durable_complete_from_us=complete_from),
+                             query_dir, 10, 4096, 65536)
     assert set(beyond(event_store, clicks_frame(spark, tmp_path, clicks))) == {"c1", "c2"}
     stats = event_store.stats
     # The logs tier read c1's range and c3's, not c4's.
@@ -235,37 +237,40 @@ def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoi
 
     first = join(JoinInput(clicks), "dc1.click.0", policy())
     assert (first.joined, first.pending) == (1, 2)
-    waiting = pending_of(spark, pending_path, "dc1")
-    digest = policy().digest(spark, pending_path, "dc1")
+    digest = policy().digest(pending_path, "dc1")
     assert digest.pending == 2 and digest.retry_at is None and set(digest.needs) == {late_writer, "10.1.0.1:7"}
     # No new query data: no retry is due, now or later.
     assert not pending_retry_decision(digest, progress, 86400).ready
-    assert policy().due(waiting, now=time.time() + 3600).count() == 0
+    staged = iter(tmp_path / "staging" / f"due{n}" for n in range(10))
+
+    def due(at, **when):
+        return at.due(spark, pending_path, "dc1", next(staged), **when)
+
+    assert due(policy(), now=time.time() + 3600) is None
     # The stray's writer logs on in order, into a new file: its query cannot be there.
     write_lines(query_dir / "main" / "1.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(10, 20)])
     progress = QueryProgress.merge(progress_file, ingest(spark, query_dir, tables, ["main/1.jsonl"], "dc1.query.1"))
     assert not pending_retry_decision(digest, progress, 86400).ready
-    assert policy().due(waiting, now=time.time() + 3600).count() == 0
+    assert due(policy(), now=time.time() + 3600) is None
     # Lines of that writer behind its progress (a backfill) could hold it: the stray is due.
     main = progress.writers["10.1.0.1:7"]
     backfilled = QueryProgress({**progress.writers, "10.1.0.1:7": WriterProgress(main.max_ts, main.backfills + 1)})
-    assert [name(r.click_id) for r in policy(at=backfilled).due(waiting, now=time.time() + 3).collect()] == ["stray"]
+    assert [name(r.click_id) for r in due(policy(at=backfilled), now=time.time() + 3).collect()] == ["stray"]
 
     # The late writer's logs arrive, with the click's query three hours of event time later.
     write_lines(query_dir / "late" / "0.jsonl", [query(late_query, T0 + 3 * 3600 * SECOND)])
     progress = QueryProgress.merge(progress_file, ingest(spark, query_dir, tables, ["late/0.jsonl"], "dc1.query.2"))
     assert pending_retry_decision(digest, progress, 86400).ready
-    due = policy().due(pending_of(spark, pending_path, "dc1"), now=time.time() + 3)
-    assert [name(r.click_id) for r in due.collect()] == ["waits"]
-    retried = join(JoinInput(None, due), "dc1.pending.0", policy())
+    waits = due(policy(), now=time.time() + 3)
+    assert [name(r.click_id) for r in waits.collect()] == ["waits"]
+    retried = join(JoinInput(None, waits), "dc1.pending.0", policy())
     assert (retried.joined, retried.pending) == (1, 0)
     left = pending_of(spark, pending_path, "dc1").collect()
     assert [(name(r.click_id), r.attempts) for r in left] == [("stray", 1)]
 
     # The stray click is now far behind the query stream: one last lookup, then unjoinable.
     aged = policy(unjoinable_after_seconds=3600)
-    due = aged.due(pending_of(spark, pending_path, "dc1"), now=time.time() + 3)
-    final = join(JoinInput(None, due), "dc1.pending.1", aged)
+    final = join(JoinInput(None, due(aged, now=time.time() + 3)), "dc1.pending.1", aged)
     assert (final.given_up, final.pending) == (1, 0)
     [row] = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"]).collect()
     assert name(row.click_id) == "stray" and row.reason.startswith("query not found in 2 lookups")

@@ -1,8 +1,9 @@
 import json
+import re
 
 import pytest
 
-from spark_ops.events import BadLine, parse_click, parse_query
+from spark_ops.events import BadLine, parse_click, parse_query, query_key
 from tests.conftest import click, query
 
 LIMIT = 1000
@@ -83,3 +84,36 @@ def test_extra_fields_are_what_pythons_json_reads_and_writes(extra):
     expected = {k: v for k, v in json.loads(line.decode()).items() if k not in ("query_id", "timestamp_us", "query_text", "ads")}
     row = parse_query(line, 65536)
     assert row[4] == json.dumps(expected, separators=(",", ":"), ensure_ascii=False)
+
+
+def _odd_query_lines() -> list[bytes]:
+    """Valid and invalid query lines of every kind the fast path might judge differently."""
+    good = raw(query("10.1.2.3:4242:1763700000123456", 1763700000123456))
+    with_extra = [good[:-1] + b"," + extra for extra in (
+        b'"n":NaN}', b'"big":123456789012345678901234567890}', b'"huge":1e400}', b'"s":"\\ud800"}',
+        b'"s":"\\u00fc\\t"}', b'"a":1,"a":2}', b'"x":"\xff"}', b'"x":' + b"[" * 990 + b"]" * 990 + b"}",
+        b'"x":' + b"[" * 1200 + b"]" * 1200 + b"}", b'"timestamp_us":7}', b'"query_id":"no-colons"}',
+        b'"query_id":"1.1.1.1:1:5"}', b'"country":"DE","device":"tablet"}',
+    )]
+    odd_fields = [raw({**query("1.1.1.1:1:1", 1), **change}) for change in (
+        {"timestamp_us": True}, {"timestamp_us": 1.0}, {"timestamp_us": 2**63}, {"timestamp_us": -2**63},
+        {"timestamp_us": 2**63 - 1}, {"query_text": 5}, {"ads": {}}, {"ads": [5]}, {"query_id": 5},
+        {"ads": [{"ad_id": "a", "advertiser_id": "b", "position": 1, "bid_micros": 2, "x": 1}]},
+        {"ads": [{"ad_id": "a", "advertiser_id": "b", "position": True, "bid_micros": 2}]},
+        {"ads": [{"ad_id": "a", "advertiser_id": "b", "position": 1}]}, {"ads": []},
+    )]
+    missing = [raw({k: v for k, v in query("1.1.1.1:1:1", 1).items() if k != name}) for name in ("ads", "query_text")]
+    return [good, b" " + good + b" ", good + b" x", b"[1]", b"", b"\xff", good[:-1] + b',"s":"\x00"}',
+            good + b" " * LIMIT, *with_extra, *odd_fields, *missing]
+
+
+@pytest.mark.parametrize("line", _odd_query_lines())
+def test_the_query_fast_path_judges_every_line_as_parse_query_does(line):
+    try:
+        event = parse_query(line, 65536)
+        expected = (event[0], event[1], event[5], event[6], line.decode("utf-8"))
+    except BadLine as bad:
+        with pytest.raises(BadLine, match=re.escape(str(bad))):
+            query_key(line, 65536)
+    else:
+        assert query_key(line, 65536) == expected

@@ -7,11 +7,12 @@ from pyspark.sql import functions as F
 from resources.layout import TABLES
 from resources.registry_shards import ShardedIdRegistry
 from resources.stream_state import QueryProgress, WriterProgress
-from spark_ops.event_store import EventStore
-from spark_ops.ingest import MemoryTier, ingest_queries, line_stats
+from spark_ops.event_store import DurableTiers, EventStore
+from spark_ops.ingest import ingest_queries, line_stats, stage_lines, stage_queries
 from spark_ops.join import CAPPED_REASON, CRASH_POINTS, JoinInput, join_work_unit, window_advice
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy
+from spark_ops.registry_calls import QueryPut
 from spark_ops.tables import read_table
 from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, TimestampValidity
 from tests.conftest import click, query, write_lines
@@ -36,10 +37,11 @@ def world(tmp_path, spark):
     cfile = write_lines(logs / "click" / "w" / "0.jsonl", CLICKS)
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
-    parsed = parse_ranges(spark, "query", logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)])
-    stats = line_stats(parsed, by_writer=True)
-    ingest_queries(parsed, stats, "dc1", "dc1.query.0", 1, tables, 10, 1 << 20, MemoryTier(registry, 3600, 1 << 30),
-                   ingested_before_ts=None, latest_valid_ts=10**16, staging=tmp_path / "staging" / "q")
+    staged = tmp_path / "staging" / "q"
+    parsed = stage_queries(spark, logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)], 65536,
+                           QueryPut(registry, "dc1", "dc1.query.0", 1, None, 10**16, 3600, 1 << 30), staged)
+    stats = line_stats(staged, by_writer=True)
+    ingest_queries(parsed, staged, stats, "dc1", "dc1.query.0", 1, tables, 10, 1 << 20)
     progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in stats.writers.items()})
     clicks = events(parse_ranges(spark, "click", logs / "click", [ByteRange("w/0.jsonl", 0, cfile.stat().st_size)]))
     yield {"spark": spark, "tables": tables, "clicks": clicks, "registry": registry, "tmp": tmp_path,
@@ -50,7 +52,8 @@ def world(tmp_path, spark):
 def event_store(world) -> EventStore:
     spark, tables = world["spark"], world["tables"]
     return EventStore(
-        read_table(spark, "query_logs", tables["query_logs"]), read_table(spark, "log_file_map", tables["log_file_map"]),
+        lambda: DurableTiers(read_table(spark, "query_logs", tables["query_logs"]),
+                             read_table(spark, "log_file_map", tables["log_file_map"])),
         world["query_dir"], 10, 1 << 20, 65536,
     )
 
@@ -185,8 +188,9 @@ def test_future_events_move_no_progress(world):
     spark, tmp = world["spark"], world["tmp"]
     path = write_lines(tmp / "logs" / "dc1" / "query" / "w" / "future.jsonl",
                        [query("10.1.0.9:1:1", 3000), query("10.1.0.9:1:2", 10**15), query("10.1.0.8:1:1", 10**15)])
-    parsed = parse_ranges(spark, "query", tmp / "logs" / "dc1" / "query", [ByteRange("w/future.jsonl", 0, path.stat().st_size)])
-    stats = line_stats(parsed, by_writer=True, latest_valid_us=5000, watermark_us=3000)
+    stage_lines(spark, "query", tmp / "logs" / "dc1" / "query", [ByteRange("w/future.jsonl", 0, path.stat().st_size)],
+                65536, tmp / "staging" / "future")
+    stats = line_stats(tmp / "staging" / "future", by_writer=True, latest_valid_us=5000, watermark_us=3000)
     assert (stats.events, stats.future_events, stats.max_timestamp_us) == (3, 2, 3000)
     # A writer seen only in the future has no progress at all.
     assert stats.writers == {"10.1.0.9:1": (3000, 3000)}

@@ -1,0 +1,73 @@
+"""The sensors of the work kept off the click path: the aggregates refresh and table maintenance."""
+
+import json
+import time
+
+import dagster as dg
+import deltalake
+import pyarrow as pa
+import pytest
+from dagster._core.test_utils import create_run_for_test
+
+from photon_assets.jobs import REFRESH_AGGREGATES_JOB
+from resources.settings import PipelineSettings
+from sensors.upkeep import aggregates_refresher, table_maintainer
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+def evaluate(sensor, instance, cursor=None, **settings) -> dg.SensorResult:
+    context = dg.build_sensor_context(instance=instance, cursor=cursor,
+                                      resources={"settings": PipelineSettings(**settings)})
+    return sensor(context)
+
+
+def commit_joined(data_dir) -> int:
+    """A commit to joined_clicks (written with deltalake: the sensor reads only its version)."""
+    path = data_dir / "warehouse" / "joined_clicks"
+    deltalake.write_deltalake(str(path), pa.table({"click_id": ["c"]}), mode="append")
+    return deltalake.DeltaTable(str(path)).version()
+
+
+def refreshed(instance, version: int) -> None:
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization("click_aggregates", metadata={"joined_clicks_version": version}))
+
+
+def test_the_aggregates_are_refreshed_once_per_joined_version_at_most_every_interval(tmp_path, instance):
+    sensor = aggregates_refresher(str(tmp_path))
+    assert evaluate(sensor, instance).run_requests == []  # no joined clicks yet
+    first = commit_joined(tmp_path)
+
+    requested = evaluate(sensor, instance, aggregates_refresh_seconds=60)
+    [request] = requested.run_requests
+    assert request.run_key == f"aggregates.v{first}"
+    # Within the interval, a newer version waits; a refresh that reached the newest has nothing to do.
+    second = commit_joined(tmp_path)
+    waiting = evaluate(sensor, instance, cursor=requested.cursor, aggregates_refresh_seconds=60)
+    assert waiting.run_requests == [] and "next refresh in" in waiting.skip_reason.skip_message
+    refreshed(instance, second)
+    assert "up to date" in evaluate(sensor, instance, cursor=requested.cursor).skip_reason.skip_message
+
+    # A refresh in flight holds the next one back, whatever the interval.
+    third = commit_joined(tmp_path)
+    run = create_run_for_test(instance, job_name=REFRESH_AGGREGATES_JOB, status=dg.DagsterRunStatus.STARTED)
+    assert "queued or running" in evaluate(sensor, instance, aggregates_refresh_seconds=0).skip_reason.skip_message
+    instance.report_run_failed(run)
+    # The failed refresh of this version is tried again under a key of its own.
+    stale = json.dumps({"requested_at": 0.0, "version": third, "tries": 1, "v": 1})
+    [again] = evaluate(sensor, instance, cursor=stale, aggregates_refresh_seconds=0).run_requests
+    assert again.run_key == f"aggregates.v{third}#2"
+
+
+def test_table_maintenance_runs_every_interval_under_numbered_keys(instance):
+    sensor = table_maintainer()
+    first = evaluate(sensor, instance, maintenance_every_seconds=300)
+    assert first.run_requests == [] and "next maintenance in" in first.skip_reason.skip_message
+    due = json.dumps({**json.loads(first.cursor), "since": time.time() - 301})
+    [request] = evaluate(sensor, instance, cursor=due, maintenance_every_seconds=300).run_requests
+    assert request.run_key == "maintenance.0"
