@@ -1,0 +1,214 @@
+"""The Dagster UI of the real deployment (`photon up`), driven in a browser (Playwright, Debian's
+chromium): on a processed workload, the asset graph draws every asset of both groups; Materialize on
+joined_clicks (a pass over dc1's pending clicks, configured in the launchpad) runs through the daemon
+and succeeds, with joined_clicks' checks in the same run; the checks tab shows each check passed with
+the counts the GraphQL API reports; the asset's metadata plots render. Screenshots go to the test's
+tmp dir (and to docs/ on demand: `screenshot`). Everything is stopped at the end, leaving no process."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from photon_assets.checks import ALL_CHECKS, joined_clicks_freshness
+from resources.layout import REPO_ROOT, TABLES
+from resources.spark import SPARK_REMOTE_ENV
+from resources.spark_connect import free_port
+from tests.e2e.test_photon_run import PHOTON, photon, run
+from tests.e2e.test_up import descendants, wait_until_gone
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")  # Playwright's own browser download is not reachable here
+DOCS = REPO_ROOT / "docs"
+UI_TIMEOUT_MS = 60_000  # a page on 2 busy cores, the code location loading, a run's events arriving
+START_SECONDS = 300
+RUN_SECONDS = 600  # a UI run: a process per step, each a Spark Connect client (20-110 s seen)
+ASSET_GROUPS = {
+    "query_logs": "event_store", "log_file_map": "event_store", "quarantined_lines": "event_store",
+    "click_ledger": "joiner", "joined_clicks": "joiner", "unjoinable_clicks": "joiner",
+    "pending_clicks": "joiner", "click_aggregates": "joiner",
+}
+JOINED_CLICKS_CHECKS = sorted(
+    [c.check_key.name for c in ALL_CHECKS if c.check_key.asset_key == dg.AssetKey("joined_clicks")]
+    + [key.name for checks in joined_clicks_freshness(600) for key in checks.check_keys]
+)
+# join_clicks' config has no default for the datacenter and the work unit, so the launchpad asks for
+# them. A pending-clicks pass needs no byte ranges and is safe at any time (nothing pending: a no-op).
+MANUAL_RUN_CONFIG = "ops:\n  join_clicks:\n    config:\n      dc: dc1\n      work_unit: dc1.pending.ui\n      kind: pending\n"
+
+ASSETS_QUERY = "{ assetNodes { assetKey { path } groupName } }"
+UI_RUNS_QUERY = """{ runsOrError(filter: {tags: [{key: "dagster/from_ui", value: "true"}]}) {
+  ... on Runs { results { runId status } } } }"""
+CHECKS_QUERY = """query Checks($path: [String!]!) { assetNodes(assetKeys: [{path: $path}]) {
+  assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization {
+    runId status evaluation { success metadataEntries { label ... on IntMetadataEntry { intValue } } } } } } } } }"""
+
+
+def graphql(url: str, query: str, **variables) -> dict:
+    request = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query, "variables": variables}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        body = json.load(answer)
+    assert "errors" not in body, body["errors"]
+    return body["data"]
+
+
+def start_up(data_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """`photon up` in a process group of its own, and its UI's address once the webserver serves and
+    has loaded the code location (its assets answer over GraphQL)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "ab") as output:
+        up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(data_dir), "--port", str(port)], cwd=REPO_ROOT,
+                              stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + START_SECONDS
+    while True:
+        assert up.poll() is None, f"photon up exited with status {up.returncode}: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"the UI did not serve in {START_SECONDS} s: {log.read_text()[-3000:]}"
+        try:
+            if graphql(url, ASSETS_QUERY)["assetNodes"]:
+                return up, url
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.5)
+
+
+def stop_up(up: subprocess.Popen) -> set[int]:
+    """SIGTERM to photon up, which stops its components (each a process group of its own) and their
+    runs; SIGKILL to what is left after 30 s. Returns the processes that outlived it (killed too)."""
+    running = descendants(up.pid)
+    up.send_signal(signal.SIGTERM)
+    try:
+        up.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(up.pid, signal.SIGKILL)
+        up.wait()
+    left = wait_until_gone(running, 10)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def ui_run(url: str, up: subprocess.Popen) -> dict:
+    """The run launched from the UI, once it has finished."""
+    deadline = time.monotonic() + RUN_SECONDS
+    while True:
+        assert up.poll() is None, f"photon up exited with status {up.returncode}"
+        runs = graphql(url, UI_RUNS_QUERY)["runsOrError"]["results"]
+        assert len(runs) <= 1, runs
+        if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            return runs[0]
+        assert time.monotonic() < deadline, f"the UI's run did not finish in {RUN_SECONDS} s: {runs}"
+        time.sleep(1)
+
+
+def screenshot(page: Page, name: str, tmp_path: Path) -> None:
+    """Into the test's tmp dir; into docs/ too with PHOTON_UI_SCREENSHOTS=docs (how docs/ui-*.png are made)."""
+    page.screenshot(path=tmp_path / name)
+    if os.environ.get("PHOTON_UI_SCREENSHOTS") == "docs":
+        page.screenshot(path=DOCS / name)
+
+
+def test_the_ui_draws_materializes_and_checks_joined_clicks(tmp_path, spark_connect_server):
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium", pytrace=False)
+    assert set(ASSET_GROUPS) == set(TABLES)  # every table is an asset
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    result = photon("gen", "--data-dir", str(data_dir), "--queries", "300", "--seed", "7", "--datacenters", "dc1")
+    assert result.returncode == 0, result.stderr
+    truth = json.loads((data_dir / "gen_summary.json").read_text())
+    summary = run(data_dir, env_extra={SPARK_REMOTE_ENV: spark_connect_server})
+    assert summary["clicks_joined"] == truth["joinable_clicks"] and summary["clicks_pending"] == 0
+
+    up, url = start_up(data_dir, tmp_path / "up.log")
+    try:
+        assets = graphql(url, ASSETS_QUERY)["assetNodes"]
+        assert {"/".join(a["assetKey"]["path"]): a["groupName"] for a in assets} == ASSET_GROUPS
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            expect.set_options(timeout=UI_TIMEOUT_MS)
+
+            # 1. The global asset graph, every group expanded: each asset drawn, materialized by photon run.
+            page.goto(f"{url}/asset-groups")
+            page.get_by_role("button", name="settings", exact=True).click()
+            page.get_by_role("menuitem", name="Expand all groups").click()
+            page.reload()  # the expanded groups are remembered; a fresh load fits them in view
+            for name in ASSET_GROUPS:
+                expect(page.get_by_text(name, exact=True)).to_be_visible()
+            expect(page.get_by_text("Materialized", exact=True)).to_have_count(len(ASSET_GROUPS))
+            screenshot(page, "ui-asset-graph.png", tmp_path)
+
+            # 2. Materialize joined_clicks: its multi-asset's siblings come along, and the launchpad
+            # asks for the work unit's config.
+            page.goto(f"{url}/assets/joined_clicks")
+            page.get_by_role("button", name="Materialize").click()
+            page.get_by_role("button", name="Confirm").click()  # "Additional assets will be materialized"
+            launchpad = page.get_by_role("dialog").filter(has_text="Launchpad")
+            expect(launchpad.get_by_text("Missing required config entries ['dc', 'work_unit']")).to_be_visible()
+            expect(launchpad.get_by_text(f"Include {len(JOINED_CLICKS_CHECKS)} separately executable checks")).to_be_visible()
+            launchpad.get_by_text("log_ranges", exact=True).click()  # into the editor, on the scaffolded defaults
+            page.keyboard.press("ControlOrMeta+A")
+            page.keyboard.insert_text(MANUAL_RUN_CONFIG)  # as a paste: the editor adds no indentation
+            expect(launchpad.get_by_text("No errors", exact=True)).to_be_visible()
+            launchpad.get_by_role("button", name="Materialize").click()
+            expect(launchpad).to_be_hidden()
+
+            launched = ui_run(url, up)
+            assert launched["status"] == "SUCCESS", (launched, (data_dir / "state" / "up" / "dagster-daemon.log").read_text()[-3000:])
+            page.goto(f"{url}/runs/{launched['runId']}")
+            expect(page.get_by_text("Success", exact=True)).to_be_visible()
+            expect(page.get_by_text(f"{len(JOINED_CLICKS_CHECKS)} checks", exact=True)).to_be_visible()
+
+            # 3. The checks ran in that run, each passed; the checks tab shows it and their counts.
+            asset = graphql(url, CHECKS_QUERY, path=["joined_clicks"])["assetNodes"][0]
+            checks = {c["name"]: c["executionForLatestMaterialization"] for c in asset["assetChecksOrError"]["checks"]}
+            assert sorted(checks) == JOINED_CLICKS_CHECKS
+            for name, execution in checks.items():
+                assert execution["status"] == "SUCCEEDED" and execution["evaluation"]["success"], (name, execution)
+            # The freshness sensor may evaluate its check again after the UI's run; the others only run on demand.
+            for definition in ALL_CHECKS:
+                if definition.check_key.name in checks:
+                    assert checks[definition.check_key.name]["runId"] == launched["runId"], checks
+            counts = {name: {e["label"]: e["intValue"] for e in execution["evaluation"]["metadataEntries"] if "intValue" in e}
+                      for name, execution in checks.items()}
+            unique = counts["joined_clicks_unique"]
+            assert unique["duplicate_rows"] == 0 and unique["distinct_click_ids"] == truth["joinable_clicks"], unique
+
+            page.goto(f"{url}/assets/joined_clicks?view=checks")
+            expect(page.get_by_text(f"Checks ({len(JOINED_CLICKS_CHECKS)})", exact=True)).to_be_visible()
+            expect(page.get_by_text("Succeeded", exact=True)).to_have_count(len(JOINED_CLICKS_CHECKS))
+            for name in JOINED_CLICKS_CHECKS:
+                page.get_by_text(name, exact=True).first.click()
+                expect(page).to_have_url(f"{url}/assets/joined_clicks?view=checks&checkDetail={name}")
+                expect(page.get_by_text("Passed", exact=True)).to_be_visible()
+                for label, value in counts[name].items():
+                    row = page.get_by_role("row").filter(has=page.get_by_role("cell", name=label, exact=True))
+                    expect(row.get_by_role("cell").last).to_have_text(str(value))
+                if name == "joined_clicks_unique":
+                    screenshot(page, "ui-asset-checks.png", tmp_path)
+
+            # 4. The asset's metadata plots: one chart per numeric key, over its two materializations.
+            page.goto(f"{url}/assets/joined_clicks")
+            plots = page.get_by_role("button", name="Plots")
+            plots.click()
+            for key in ("clicks_joined", "dagster/row_count", "phase_join_total_seconds"):
+                expect(page.get_by_text(key, exact=True)).to_be_visible()
+            expect(page.locator("canvas").first).to_be_visible()
+            plots.evaluate("e => e.scrollIntoView({block: 'start'})")
+            screenshot(page, "ui-asset-plots.png", tmp_path)
+            browser.close()
+    finally:
+        left = stop_up(up)
+    assert left == set(), f"processes outlived photon up: {left}"
+    assert up.returncode == 0, (tmp_path / "up.log").read_text()[-3000:]
