@@ -40,7 +40,7 @@ from sensors.freshness import FRESHNESS_SENSOR
 from sensors.upkeep import AGGREGATES_SENSOR, MAINTENANCE_SENSOR
 from photon_assets.jobs import VERIFY_JOB
 from photon_assets.work_unit import PENDING, TAG_DC, UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
-from spark_ops.tables import tables_locked
+from spark_ops.tables import table_committed, tables_locked
 
 IDLE_PASSES = 2  # consecutive sensor passes that launch nothing before the pipeline counts as idle
 PASS_INTERVAL_SECONDS = 1.05  # just over the sensors' minimum interval, so each pass ticks each one
@@ -348,7 +348,7 @@ def storage_lost(layout: DataLayout) -> bool:
     from photon_assets.recovery import REPAIRABLE_TABLES
     from spark_ops.verification import missing_data_files
 
-    paths = [layout.table(name) for name in REPAIRABLE_TABLES if (Path(layout.table(name)) / "_delta_log").is_dir()]
+    paths = [layout.table(name) for name in REPAIRABLE_TABLES if table_committed(layout.table(name))]
     if not paths:
         return False
     spark = spark_session()

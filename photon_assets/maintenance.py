@@ -10,7 +10,6 @@ table's next compaction. Each command costs seconds even with nothing to do, hen
 """
 
 import time
-from pathlib import Path
 
 import dagster as dg
 import deltalake
@@ -23,7 +22,7 @@ from resources.stream_state import QueryCache, QueryProgress, durable_tier_bound
 from spark_ops.event_store import evict_from_cache
 from spark_ops.meter import count_commit, metered
 from spark_ops.pending import compact_pending
-from spark_ops.tables import delta_path, table_lock
+from spark_ops.tables import delta_path, table_committed, table_lock
 
 MAINTENANCE_JOB = "maintain_tables"
 # Small files are compacted where the passes add them; click_aggregates is rewritten by its refreshes.
@@ -45,7 +44,7 @@ def evict_durable_tier(spark, warehouse: WarehouseResource, settings: PipelineSe
 
 def files_held(path: str) -> int:
     """The data files a table's current version holds, from its log (deltalake, no Spark job)."""
-    return len(deltalake.DeltaTable(path).file_uris()) if Path(path, "_delta_log").is_dir() else 0
+    return len(deltalake.DeltaTable(path).file_uris()) if table_committed(path) else 0
 
 
 @dg.op(description="Evict the durable tier's old queries, compact the pending clicks' records, compact small "

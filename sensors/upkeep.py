@@ -20,6 +20,7 @@ from photon_assets.work_unit import UNFINISHED
 from resources.layout import DataLayout
 from resources.settings import PipelineSettings
 from sensors.dispatcher import MIN_INTERVAL_SECONDS, default_status, read_cursor, run_loggers, write_cursor
+from spark_ops.tables import table_committed
 
 AGGREGATES_SENSOR = "click_aggregates_refresher"
 MAINTENANCE_SENSOR = "table_maintenance"
@@ -48,7 +49,7 @@ def aggregates_refresher(data_dir: str) -> dg.SensorDefinition:
     def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
         cursor = read_cursor(context.cursor, requested_at=0.0, version=-1, tries=0)
         joined = DataLayout(Path(data_dir)).table("joined_clicks")
-        if not (Path(joined) / "_delta_log").is_dir():
+        if not table_committed(joined):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="no joined clicks yet")
         version = deltalake.DeltaTable(joined).version()
         if refreshed_version(context.instance) >= version:

@@ -42,6 +42,10 @@ def aggregate_clicks(joined: DataFrame) -> DataFrame:
     ).agg(F.count("*").alias("clicks"), F.sum("cost_micros").alias("cost_micros"))
 
 
+# Refreshes commit once each; other commits are rare (verify's full refresh, another writer).
+NOTE_SEARCH_COMMITS = 100
+
+
 @contextmanager
 def commit_note(spark: SparkSession, note: str) -> Iterator[None]:
     """The session's Delta commits inside the block carry `note` as their userMetadata."""
@@ -53,19 +57,20 @@ def commit_note(spark: SparkSession, note: str) -> Iterator[None]:
 
 
 def aggregates_snapshot(spark: SparkSession, aggregates_path: str) -> tuple[int | None, DataFrame]:
-    """click_aggregates pinned to its latest version, and the joined_clicks version it equals the
-    aggregation of (None: unknown, never refreshed or changed by a commit that names none)."""
+    """click_aggregates pinned to its latest version, and the joined_clicks version its latest refresh
+    made it the aggregation of (None: unknown)."""
     ensure_table(spark, "click_aggregates", aggregates_path)
     through, version = refreshed_through(aggregates_path)
     return through, spark.read.format("delta").option("versionAsOf", version).load(aggregates_path)
 
 
 def refreshed_through(aggregates_path: str) -> tuple[int | None, int]:
-    """The joined_clicks version click_aggregates equals the aggregation of, as its latest commit
-    names it (None if that commit names none), and that commit's version."""
-    [latest] = deltalake.DeltaTable(aggregates_path).history(1)
-    note = latest.get("userMetadata") or ""
-    return (int(note[len(VERSION_NOTE):]) if note.startswith(VERSION_NOTE) else None), latest["version"]
+    """The joined_clicks version the latest refresh of click_aggregates named (None: none among its
+    last NOTE_SEARCH_COMMITS commits: a full refresh follows), and the table's latest version. A
+    commit by another writer after it names nothing: the check then finds what that writer changed."""
+    history = sorted(deltalake.DeltaTable(aggregates_path).history(NOTE_SEARCH_COMMITS), key=lambda c: -c["version"])
+    notes = [c["userMetadata"] for c in history if (c.get("userMetadata") or "").startswith(VERSION_NOTE)]
+    return (int(notes[0][len(VERSION_NOTE):]) if notes else None), history[0]["version"]
 
 
 def changed_aggregates(joined_path: str, after: int, through: int) -> pa.Table | None:

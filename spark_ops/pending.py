@@ -35,7 +35,8 @@ from resources.stream_state import PendingDigest, QueryProgress
 from spark_ops.event_store import event_id_parts
 from spark_ops.handoff import unstage
 from spark_ops.schemas import arrow_schema, literal_frame
-from spark_ops.tables import TABLE_SCHEMAS, append, overwrite_where, read_table, sql_literal, table_lock
+from spark_ops.tables import (TABLE_SCHEMAS, append, overwrite_where, read_table, sql_literal, table_committed,
+                              table_lock)
 
 PROGRESS_SCHEMA = T.StructType(
     [
@@ -96,7 +97,7 @@ class PendingPolicy:
         final lookup is due) and `backoff_over_at` (epoch seconds; never attempted, re-injected by
         recovery: no backoff). Read by DuckDB from the Delta table's files (deltalake): tens of
         milliseconds, where Spark's window over the records costs a few jobs. None: no table yet."""
-        if not (Path(path) / "_delta_log").is_dir():
+        if not table_committed(path):
             return None
         con = duckdb.connect()
         con.register("records", deltalake.DeltaTable(path).to_pyarrow_dataset().filter(ds.field("dc") == dc))

@@ -213,8 +213,16 @@ def table_ddl(schema: T.StructType) -> str:
     )
 
 
+def table_committed(path: str) -> bool:
+    """Whether the Delta table at `path` has a first commit. Its `_delta_log` directory appears before
+    that commit does (a reader there in between finds no table); a commit file appears whole (renamed
+    into place)."""
+    log = Path(path) / "_delta_log"
+    return log.is_dir() and any(f.suffix == ".json" or f.name.endswith(".checkpoint.parquet") for f in log.iterdir())
+
+
 def ensure_table(spark: SparkSession, name: str, path: str) -> None:
-    if (Path(path) / "_delta_log").is_dir():
+    if table_committed(path):
         return
     schema, partitions = TABLE_SCHEMAS[name]
     statement = f"CREATE TABLE IF NOT EXISTS {delta_path(path)} ({table_ddl(schema)}) USING DELTA"

@@ -18,6 +18,7 @@ from photon.run_processes import run_process, stat_fields
 from photon_assets.work_unit import UNFINISHED
 from resources.layout import REPO_ROOT, DataLayout
 from resources.spark_connect import free_port
+from spark_ops.tables import table_committed
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +68,7 @@ def wait_for_output(data_dir: Path, truth: dict, up: subprocess.Popen) -> None:
         time.sleep(5)
         joined = (
             sum(DeltaTable(str(joined_path)).get_add_actions(flatten=True).column("num_records").to_pylist())
-            if (joined_path / "_delta_log").is_dir() else 0
+            if table_committed(str(joined_path)) else 0
         )
         unfinished = instance.get_runs_count(dg.RunsFilter(statuses=[*UNFINISHED]))
         quiet = quiet + 1 if joined == truth["joinable_clicks"] and unfinished == 0 else 0
