@@ -89,7 +89,9 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
     return dg.Output(done, metadata={**{k: dg.JsonMetadataValue(v) for k, v in done.items()}, **cost})
 
 
-@dg.job(name=MAINTENANCE_JOB, tags={"photon/kind": "maintenance", **OFF_CLICK_PATH_TAGS},
+# In process, like every job here: a step subprocess would start a JVM of its own under `photon run`
+# (a 2026-11-25 live run: a second JVM, and a pass held for 112 s).
+@dg.job(name=MAINTENANCE_JOB, tags={"photon/kind": "maintenance", **OFF_CLICK_PATH_TAGS}, executor_def=dg.in_process_executor,
         description="Table maintenance, off the click path (photon_assets/maintenance.py).")
 def maintain_tables_job():
     maintain()
