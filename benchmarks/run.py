@@ -196,12 +196,12 @@ def joined_rows(table: Path) -> int:
     return sum(DeltaTable(str(table)).get_add_actions(flatten=True).column("num_records").to_pylist())
 
 
-def photon_up(data_dir: Path, logs: Path) -> Measured:
+def photon_up(data_dir: Path, logs: Path, env: dict | None = None) -> Measured:
     """`photon up` on the data directory (the daemon deployment), once its UI answers."""
     from resources.spark_connect import free_port
 
     measured = Measured(photon_command("up", "--data-dir", str(data_dir), "--port", str(free_port())),
-                        logs / "photon-up.log").start()
+                        logs / "photon-up.log", env).start()
     ready = measured.process.stdout.readline()
     if not ready.startswith("photon up:"):
         raise SystemExit(f"photon up did not start: {measured.log.read_text(errors='replace')[-2000:]}")
@@ -453,8 +453,11 @@ def live_run(system: str, args, work: Path) -> dict:
     timeout = str(args.duration_s + args.drain_timeout_s)
     table = data_dir / "warehouse" / "joined_clicks"
     daemon = system == "photon" and args.mode == "daemon"
+    # Latencies are read back from the files each commit added (visible_latencies): table maintenance
+    # compacts them, and must not delete the originals before the run ends.
+    keep_files = {"PHOTON_SETTINGS": json.dumps({"query_cache_vacuum_retain_hours": 24})}
     if daemon:
-        measured = photon_up(data_dir, work / "logs")
+        measured = photon_up(data_dir, work / "logs", keep_files)
     else:
         if system == "photon":
             command = photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
@@ -463,7 +466,7 @@ def live_run(system: str, args, work: Path) -> dict:
             table = work / "out" / "streaming-live" / "joined_clicks"
             command = peer_command("streaming-live", data_dir, work / "out", "--watermark", args.watermark,
                                    "--join-window", args.join_window, "--timeout-seconds", timeout)
-        measured = Measured(command, work / "logs" / f"{system}.log").start()
+        measured = Measured(command, work / "logs" / f"{system}.log", keep_files if system == "photon" else None).start()
     backlog_samples, generator_end = [], None
     while measured.process.poll() is None:
         if generator_end is None and gen.process.poll() is not None:
