@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
 from photon_assets.table_metadata import column_schema, table_uri
 from photon_assets.watermarks import pass_watermark, watermark_metadata
-from photon_assets.work_unit import LOG_RANGES, PENDING, TAG_DC, WorkUnitConfig, run_start_costs
+from photon_assets.work_unit import LOG_RANGES, PENDING, WorkUnitConfig, run_start_costs
 from resources import faults
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings

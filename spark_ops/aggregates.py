@@ -24,7 +24,6 @@ import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_ops.meter import count_commit
 from spark_ops.tables import TABLE_SCHEMAS, ensure_table, latest_snapshot, overwrite, overwrite_where, table_lock
 
 KEYS = ["advertiser_id", "minute"]

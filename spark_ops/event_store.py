@@ -189,7 +189,6 @@ class EventStore:
     def _logs_tier(self, misses: DataFrame) -> DataFrame | None:
         """The misses' query lines (click_id, query_timestamp_us, line) found in the raw logs; None if no miss is worth
         a read."""
-        spark = misses.sparkSession
         wanted = self._worth_reading(
             misses.select("click_id", "query_id", *event_id_parts("query_id")).where(F.col("query_ts").isNotNull())
         )

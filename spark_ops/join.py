@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from pyspark.sql import Column, DataFrame, SparkSession, Window

@@ -127,7 +127,7 @@ class QueryPut:
     unit: str
     attempt: int
     ingested_before_ts: int | None  # the query stream's progress before this unit
-    latest_valid_ts: int  # queries whose ids name a later time are from the future: not held
+    latest_valid_ts: int  # queries whose ids name a later time are from the future: held apart
     retention_seconds: float
     budget_bytes: int
 
