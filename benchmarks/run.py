@@ -386,12 +386,13 @@ def scaling(args, work: Path) -> dict:
 def undispatched_bytes(data_dir: Path, dc: str = "dc1") -> dict[str, int]:
     """Per stream: bytes on disk that the dispatcher has not yet cut into a work unit."""
     from benchmarks.peers import stream_dir
-    from sensors.work_units import WorkUnitLog
+    from resources.layout import DataLayout
+    from resources.work_unit_log import WorkUnitLog
 
     out = {}
     for stream in ("query", "click"):
         on_disk = sum(p.stat().st_size for p in stream_dir(data_dir, dc, stream).rglob("*.jsonl"))
-        unit_log = data_dir / "state" / "dispatcher" / dc / f"{stream}.jsonl"
+        unit_log = DataLayout(data_dir).work_unit_log(dc, stream)
         dispatched = sum(u.bytes for u in WorkUnitLog.load(unit_log).units) if unit_log.exists() else 0
         out[stream] = on_disk - dispatched
     return out

@@ -240,7 +240,7 @@ def start_spark_session(log: logging.Logger) -> None:
 
 @contextmanager
 def datacenter_leases(layout: DataLayout, datacenters: list[str], log: logging.Logger):
-    """These datacenters' leases in the registry (sensors/ownership.py), held while the pipeline
+    """These datacenters' leases in the registry (resources/ownership.py), held while the pipeline
     runs: once one lapses, the other datacenters take over its share of the click lines."""
     registry = registry_resource_from_env(str(layout.root)).get()
     with leases_held(registry, datacenters, pipeline_settings().lease_seconds, log):

@@ -19,7 +19,7 @@ from spark_ops.tables import read_table
 
 def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance) -> dict:
     """Lines and clicks are counted over every datacenter, each log line once by its file and offset
-    (replicas hold the same bytes, and each datacenter reads only its share: sensors/ownership.py);
+    (replicas hold the same bytes, and each datacenter reads only its share: resources/ownership.py);
     queries ingested, runs and their costs are this process's datacenters'."""
     spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}

@@ -9,9 +9,16 @@ import pydantic
 from pyspark.sql import functions as F
 
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
-from photon_assets.table_metadata import column_schema, table_uri
+from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
 from photon_assets.watermarks import pass_watermark, watermark_metadata
-from photon_assets.work_unit import LOG_RANGES, PENDING, WorkUnitConfig, run_start_costs
+from photon_assets.work_unit import (
+    LOG_RANGES,
+    PENDING,
+    WorkUnitConfig,
+    bytes_behind_log_heads,
+    run_start_costs,
+    unit_to_run,
+)
 from resources import faults
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
@@ -94,7 +101,15 @@ def join_clicks(
         start_costs = run_start_costs(context)
         meter.phase("spark_session")
         tables = warehouse.tables()
+        named = config
+        config = unit_to_run(context, config, "click", warehouse.layout, registry.get(), settings)
+        if config is None:
+            yield from tables_as_they_are(session, tables, ["click_ledger", "joined_clicks", "unjoinable_clicks"], named.dc)
+            return
+        batched_before = registry.get().stats()["total"]
         ingest, stats, digest = join_pass(config, session, warehouse, registry, settings, tables, meter)
+        batching = registry_batching(batched_before, registry.get().stats()["total"])
+        behind = bytes_behind_log_heads(warehouse.layout, config.dc, "click")
         watermark = pass_watermark(warehouse, settings, config.dc, "click", config.work_unit, ingest)
         common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
         ledger_rows = row_count(session, "click_ledger", tables["click_ledger"])
@@ -113,6 +128,7 @@ def join_clicks(
             "click_lines": ingest.events,
             "quarantined_lines": ingest.quarantined,
             "bytes_read": ingest.bytes_read,
+            "bytes_behind_log_heads": behind,
             **watermark_metadata(watermark),
         },
     )
@@ -128,6 +144,10 @@ def join_clicks(
             # The share of this pass's query lookups the memory tier answered.
             "eventstore_memory_hit_ratio": dg.FloatMetadataValue(stats.memory_hit_ratio),
             "pending_clicks_in_dc": digest.pending,
+            # From the clicks' event time to this run's output commit.
+            **{f"latency_{k}_seconds": dg.FloatMetadataValue(stats.latency_seconds.get(k)) for k in ("p50", "p90")},
+            # The registry's server-side batching while this pass ran (every caller's requests).
+            "registry_ids_per_transaction": dg.FloatMetadataValue(batching),
             "event_time_lag_seconds": dg.FloatMetadataValue(lag),
             # Window advice (Facebook §6.5): click time minus query time of this run's joins.
             **{f"join_delay_{k}_seconds": dg.FloatMetadataValue(stats.delay_seconds.get(k)) for k in ("p50", "p99", "max")},
@@ -210,10 +230,16 @@ def join_pass(
     meter.phase("pending_digest")
     if config.kind == LOG_RANGES:
         # Last, once everything is written: other datacenters skip these bytes from now on
-        # (sensors/ownership.py); a crash before it leaves them waiting for this unit's retry.
+        # (resources/ownership.py); a crash before it leaves them waiting for this unit's retry.
         registry.get().finish_work(config.work_unit, pending=stats.pending > 0)
         meter.phase("finish_work")
     return ingest, stats, digest
+
+
+def registry_batching(before: dict, after: dict) -> float | None:
+    """Mean ids per registry transaction between two readings of its totals (None: none ran)."""
+    transactions = after["transactions"] - before["transactions"]
+    return round((after["ids_in_transactions"] - before["ids_in_transactions"]) / transactions, 1) if transactions else None
 
 
 class AggregatesConfig(dg.Config):

@@ -14,6 +14,8 @@ from resources.registry import registry_mode_from_env
 INGEST_QUERIES_JOB = "ingest_queries"
 JOIN_CLICKS_JOB = "join_clicks_job"
 REFRESH_AGGREGATES_JOB = "refresh_aggregates"
+# Per stream: the job that runs its work units, and the op whose config names the unit.
+STREAM_JOBS = {"query": (INGEST_QUERIES_JOB, "ingest_query_logs"), "click": (JOIN_CLICKS_JOB, "join_clicks")}
 VERIFY_JOB = "verify"
 # Runs of these jobs open the embedded registry, a DuckDB file that one process at a time may hold:
 # under the daemon, dagster.yaml allows one such run at a time (see photon/runner.py). With the

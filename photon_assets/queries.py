@@ -7,9 +7,9 @@ import time
 import dagster as dg
 
 from photon_assets.bookkeeping import lines_quarantined
-from photon_assets.table_metadata import column_schema, table_uri
+from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
 from photon_assets.watermarks import pass_watermark, watermark_metadata
-from photon_assets.work_unit import WorkUnitConfig, run_start_costs
+from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_start_costs, unit_to_run
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
@@ -58,6 +58,11 @@ def ingest_query_logs(
         start_costs = run_start_costs(context)
         meter.phase("spark_session")
         tables = warehouse.tables()
+        named = config
+        config = unit_to_run(context, config, "query", warehouse.layout, registry.get(), settings)
+        if config is None:
+            yield from tables_as_they_are(session, tables, ["query_logs", "log_file_map"], named.dc)
+            return
         stats, boundary, entries_added = ingest_pass(config, session, warehouse, registry, settings, tables, meter)
         memory = registry.get().stats().get("recent_queries", {}).get(config.dc, {})
         watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
@@ -71,6 +76,7 @@ def ingest_query_logs(
         "dc": config.dc,
         "work_unit": config.work_unit,
         "bytes_read": stats.bytes_read,
+        "bytes_behind_log_heads": bytes_behind_log_heads(warehouse.layout, config.dc, "query"),
         "quarantined_lines": stats.quarantined,
         "seconds": round(sum(meter.phases.values()), 3),
     }

@@ -1,13 +1,18 @@
-"""The run configuration of one work unit, as the dispatcher sensors request it, and what the Dagster
-instance knows of work units from their runs' tags: which are in flight, which failed for good."""
+"""The run configuration of one work unit, as the dispatcher sensors request it or a catch-up run
+cuts it for itself, and what the Dagster instance knows of work units from their runs' tags: which
+are in flight, which failed for good."""
 
 
 import datetime
 import time
 
 import dagster as dg
+from pydantic import Field
 
-from resources.settings import pipeline_settings
+from resources.layout import DataLayout
+from resources.ownership import claim_units, divide_clicks
+from resources.settings import PipelineSettings, pipeline_settings
+from resources.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, new_ranges
 from spark_ops.parse import ByteRange
 
 LOG_RANGES = "log_ranges"  # newly arrived bytes of log files
@@ -28,14 +33,18 @@ class LogRange(dg.Config):
 
 
 class WorkUnitConfig(dg.Config):
-    dc: str
-    work_unit: str
-    kind: str = LOG_RANGES
-    ranges: list[LogRange] = []
-    attempt: int = 1
-    # The pipeline's clock for this work unit (µs): when the dispatcher cut it, the same in every
-    # attempt, so timestamp validity (spark_ops/validity.py) judges alike. 0: the run's start.
-    clock_us: int = 0
+    dc: str = Field("", description="The datacenter whose logs the run reads. Empty: the first one under logs/.")
+    work_unit: str = Field(
+        "", description="The work unit, as a dispatcher cut it. Empty (Materialize in the UI): the run cuts a "
+        "catch-up unit of every complete line of the datacenter's logs not yet in a work unit, under the "
+        "dispatcher's rules (the work unit log, the other datacenters' shares), and is retried like any unit.")
+    kind: str = Field(LOG_RANGES, description=f"`{LOG_RANGES}`: new log bytes; `{PENDING}`: this datacenter's "
+                      "pending clicks that are due (click runs only).")
+    ranges: list[LogRange] = Field([], description="The unit's byte ranges [start, end) of log files under "
+                                   "logs/<dc>/<stream>/, as the dispatcher cut them.")
+    attempt: int = Field(1, description="Attempt of the work unit (retries count up).")
+    # The same in every attempt, so that timestamp validity (spark_ops/validity.py) judges alike.
+    clock_us: int = Field(0, description="The pipeline's clock for this unit (µs): when it was cut. 0: the run's start.")
 
     @property
     def token(self) -> str:
@@ -47,6 +56,59 @@ class WorkUnitConfig(dg.Config):
 
     def byte_ranges(self) -> list[ByteRange]:
         return [ByteRange(r.file, r.start, r.end) for r in self.ranges]
+
+
+def catch_up_config(dc: str, unit: WorkUnit) -> dict:
+    """The run config of a unit a catch-up run cut for itself, as its retries name it."""
+    return {"dc": dc, "work_unit": unit.id, "kind": LOG_RANGES, "clock_us": unit.clock_us,
+            "ranges": [{"file": f, "start": s, "end": e} for f, s, e in unit.ranges]}
+
+
+def unit_to_run(context: dg.AssetExecutionContext, config: WorkUnitConfig, stream: str, layout: DataLayout,
+                registry, settings: PipelineSettings) -> WorkUnitConfig | None:
+    """The work unit this run does: the one its config names, else a catch-up unit it cuts now of
+    every complete line of its datacenter's `stream` not yet in a work unit (None: there is none).
+
+    The run takes the unit's tags before the unit is recorded: a crash in between leaves a failed
+    run whose unit is in no log, which a retry then finds nothing to redo for (sensors/retries.py),
+    and its bytes to the next cut. The unit's id carries the run's, so that a later unit never
+    takes it."""
+    if config.work_unit:
+        return config
+    replicas = layout.replicas()
+    dc = config.dc or (replicas[0] if replicas else "")
+    if dc not in replicas:
+        raise dg.Failure(f"no logs of datacenter {dc!r} under {layout.logs}: datacenters there are {replicas}")
+    clock_us = time.time_ns() // 1000
+    with WorkUnitLog.locked(layout.work_unit_log(dc, stream)) as log:
+        ranges = new_ranges(layout.stream_dir(dc, stream), log.next_offsets())
+        skipped = []
+        active_active = stream == "click" and len(replicas) > 1
+        if active_active and ranges:
+            share = divide_clicks(registry, dc, ranges, {}, settings.takeover_grace_seconds, time.time())
+            ranges, skipped = share.cut, share.skipped
+        seq = len(log.units)
+        unit = WorkUnit(f"{dc}.{stream}.{seq:08d}.{context.run_id[:8]}", seq, tuple(ranges),
+                        run_id=context.run_id, clock_us=clock_us) if ranges else None
+        if unit is not None:
+            context.instance.add_run_tags(context.run_id, {TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: LOG_RANGES,
+                                                           TAG_WORK_UNIT: unit.id, TAG_ATTEMPT: "1"})
+        log.append(([unit] if unit else []) + cut_work_units(layout.stream_dir(dc, stream), [], 0,
+                                                             f"{dc}.{stream}", seq + bool(unit), skipped))
+        if unit is not None and active_active:
+            claim_units(registry, dc, stream, [unit])
+    if unit is None:
+        context.log.info(f"catch-up: no complete lines of logs/{dc}/{stream}/ outside a work unit")
+        return None
+    context.log.info(f"catch-up: work unit {unit.id}, {unit.bytes} bytes of {len(unit.ranges)} range(s)")
+    return WorkUnitConfig(**catch_up_config(dc, unit))
+
+
+def bytes_behind_log_heads(layout: DataLayout, dc: str, stream: str) -> int:
+    """Bytes of the datacenter's `stream` logs that no work unit holds yet: what the pipeline has
+    still to cut, as of now."""
+    offsets = WorkUnitLog.load(layout.work_unit_log(dc, stream)).next_offsets()
+    return sum(end - start for _, start, end in new_ranges(layout.stream_dir(dc, stream), offsets))
 
 
 UNFINISHED = {

@@ -34,9 +34,9 @@ class DataLayout:
     def registry_dir(self) -> Path:
         return self.root / "registry"
 
-    @property
-    def dispatcher_state(self) -> Path:
-        return self.root / "state" / "dispatcher"
+    def work_unit_log(self, dc: str, stream: str) -> Path:
+        """The dispatcher's work units of one datacenter's stream (resources/work_unit_log.py)."""
+        return self.root / "state" / "dispatcher" / dc / f"{stream}.jsonl"
 
     def query_progress_file(self, dc: str) -> Path:
         return self.root / "state" / "streams" / dc / "query_progress.json"

@@ -79,7 +79,7 @@ class PipelineSettings(dg.ConfigurableResource):
     # clicks of the last half minute through, whose queries are mostly ingested already.
     pacing_margin_seconds: float = 30.0
     pacing_max_hold_seconds: float = 600.0
-    # Active-active (sensors/ownership.py): a datacenter's lease in the registry lasts this long and
+    # Active-active (resources/ownership.py): a datacenter's lease in the registry lasts this long and
     # is renewed every quarter of it; once it has expired, the other datacenters take over its share
     # of the click lines. A live datacenter's share that waits at the same offset for the grace
     # (its owner is stuck) is taken over too.

@@ -2,10 +2,10 @@
 
 Per datacenter: a query log dispatcher, a click log dispatcher, and a pending-click dispatcher that
 retries clicks still waiting for their query once new query data has been ingested. With several
-replicas, the click log dispatcher cuts only its datacenter's share (sensors/ownership.py).
+replicas, the click log dispatcher cuts only its datacenter's share (resources/ownership.py).
 
 Cursors are small JSON documents with a version field. The byte offsets themselves live in the
-work unit log (sensors/work_units.py), written before the runs are requested; the cursor records
+work unit log (resources/work_unit_log.py), written before the runs are requested; the cursor records
 how much of that log has been requested, so a tick interrupted in between re-requests the same work
 units under the same run keys (which the daemon de-duplicates).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
+from photon_assets.jobs import JOIN_CLICKS_JOB, STREAM_JOBS
 from photon_assets.work_unit import (
     LOG_RANGES,
     PENDING,
@@ -33,12 +33,12 @@ from photon_assets.work_unit import (
     work_units_in_flight,
 )
 from resources.layout import DataLayout
+from resources.ownership import claim_units, divide_clicks
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.stream_state import EventTimeWatermark, PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
-from sensors.ownership import Share, share_work
+from resources.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 from sensors.retries import plan_retries
-from sensors.work_units import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 
 CURSOR_VERSION = 1
 # Level of a run's console log (its events are stored in the instance whatever the level).
@@ -49,7 +49,6 @@ MIN_INTERVAL_SECONDS = 1  # the daemon ticks at most every 5 s anyway; `photon r
 # per catch-up unit, not per normal unit. One: in a live run at 1,000 clicks/s a pass found 4-9 MB of
 # click lines, which normal units of 4 MiB cut into two runs on every other pass (each ~14 s).
 CATCH_UP_AFTER_UNITS = 1
-JOBS = {"query": (INGEST_QUERIES_JOB, "ingest_query_logs"), "click": (JOIN_CLICKS_JOB, "join_clicks")}
 
 
 def read_cursor(raw: str | None, **defaults) -> dict:
@@ -71,7 +70,7 @@ def run_loggers() -> dict:
 
 
 def work_unit_request(dc: str, stream: str, kind: str, unit_id: str, ranges) -> dg.RunRequest:
-    job_name, op_name = JOBS[stream]
+    job_name, op_name = STREAM_JOBS[stream]
     config = {"dc": dc, "work_unit": unit_id, "kind": kind, "attempt": 1, "clock_us": time.time_ns() // 1000,
               "ranges": [{"file": f, "start": s, "end": e} for f, s, e in ranges]}
     return dg.RunRequest(
@@ -104,7 +103,7 @@ class Pacing:
 def query_data_waiting(layout: DataLayout, dc: str, instance: dg.DagsterInstance) -> bool:
     """Whether query data that will advance the query stream's progress waits: complete lines not
     cut into work units yet, or query work units not finished (running, or to be retried)."""
-    cut = WorkUnitLog.load(layout.dispatcher_state / dc / "query.jsonl")
+    cut = WorkUnitLog.load(layout.work_unit_log(dc, "query"))
     if new_ranges(layout.stream_dir(dc, "query"), cut.next_offsets()):
         return True
     return any(unit.startswith(f"{dc}.query.") for unit in work_units_in_flight(instance))
@@ -174,7 +173,7 @@ def work_unit_bytes(stream: str, backlog_bytes: int, settings: PipelineSettings)
 
 
 def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
-    job_name, _ = JOBS[stream]
+    job_name, _ = STREAM_JOBS[stream]
 
     @dg.sensor(
         name=f"{stream}_log_dispatcher_{dc}",
@@ -185,59 +184,58 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         "failed work units are retried under a new run key with backoff."
         + (" Click lines ahead of the query stream's event-time watermark wait while query data is being ingested "
            "(pacing). With several replicas, only this datacenter's share of the click files, and the "
-           "share of one whose lease lapsed (sensors/ownership.py)." if stream == "click" else ""),
+           "share of one whose lease lapsed (resources/ownership.py)." if stream == "click" else ""),
     )
     def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings,
                     registry: IdRegistryResource) -> dg.SensorResult:
         cursor = read_cursor(context.cursor, requested=0, held={}, paced_ticks=0, waiting={})
         cursor.pop("held_since", None)  # the whole-tick hold of earlier versions
         layout = DataLayout(Path(data_dir))
-        log = WorkUnitLog.load(layout.dispatcher_state / dc / f"{stream}.jsonl")
-        stream_dir = layout.stream_dir(dc, stream)
-        observations, hold_reason = [], ""
-        in_flight = log_runs_in_flight(context.instance, dc, stream)
-        backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
-        ranges = [] if backed_up else new_ranges(stream_dir, log.next_offsets())
-        if backed_up:
-            hold_reason = (f"back-pressure: {in_flight} work unit(s) of logs/{dc}/{stream}/ queued or running; "
-                           "new lines are cut when one finishes")
-        elif stream == "click":
-            waiting = bool(ranges) and query_data_waiting(layout, dc, context.instance)
-            pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time())
-            if pacing.held and not cursor["held"]:
-                context.log.info(pacing.reason)
-                observations.append(pacing_observation(dc, True, pacing.ahead_seconds))
-            elif cursor["held"] and not pacing.held:
-                context.log.info(f"pacing: no click lines of {dc} held any more. {pacing.reason}")
-                observations.append(pacing_observation(dc, False, pacing.ahead_seconds))
-            cursor["paced_ticks"] += bool(pacing.held)
-            cursor["held"] = pacing.held
-            ranges, hold_reason = pacing.ranges, pacing.reason
-        skipped = []
-        active_active = stream == "click" and len(layout.replicas()) > 1
-        if active_active and ranges:
-            share = divide_clicks(registry.get(), dc, ranges, cursor["waiting"], settings, time.time())
-            if share.taken_over:
-                context.log.warning(f"taking over click lines of {sorted(share.taken_over)}: "
-                                    f"{sum(share.taken_over.values())} bytes (lease expired or past the grace)")
-            cursor["waiting"] = share.waiting
-            ranges, skipped = share.cut, share.skipped
-            if share.waiting and not ranges:
-                hold_reason = hold_reason or (f"{len(share.waiting)} click file(s) are another datacenter's "
-                                              "share while its lease lives")
-        max_bytes = work_unit_bytes(stream, sum(end - start for _, start, end in ranges), settings)
-        units = cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units))
-        if skipped:
-            seq = len(log.units) + len(units)
-            units.append(WorkUnit(f"{dc}.{stream}.{seq:08d}", seq, tuple(skipped), skipped=True))
-        # Recorded durably before any run is requested: a crash in between re-requests the same units.
-        log.append(units)
-        fresh: list[WorkUnit] = [u for u in log.units[cursor["requested"]:] if not u.skipped]
-        if active_active and fresh:
-            # Claimed before the runs are requested, so the other datacenters wait for these bytes.
-            registry.get().claim_work(dc, stream, [{"unit": u.id, "ranges": [list(r) for r in u.ranges]} for u in fresh])
+        # Held from reading the offsets to the append: a catch-up run may cut units too.
+        with WorkUnitLog.locked(layout.work_unit_log(dc, stream)) as log:
+            stream_dir = layout.stream_dir(dc, stream)
+            observations, hold_reason = [], ""
+            in_flight = log_runs_in_flight(context.instance, dc, stream)
+            backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
+            ranges = [] if backed_up else new_ranges(stream_dir, log.next_offsets())
+            if backed_up:
+                hold_reason = (f"back-pressure: {in_flight} work unit(s) of logs/{dc}/{stream}/ queued or running; "
+                               "new lines are cut when one finishes")
+            elif stream == "click":
+                waiting = bool(ranges) and query_data_waiting(layout, dc, context.instance)
+                pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time())
+                if pacing.held and not cursor["held"]:
+                    context.log.info(pacing.reason)
+                    observations.append(pacing_observation(dc, True, pacing.ahead_seconds))
+                elif cursor["held"] and not pacing.held:
+                    context.log.info(f"pacing: no click lines of {dc} held any more. {pacing.reason}")
+                    observations.append(pacing_observation(dc, False, pacing.ahead_seconds))
+                cursor["paced_ticks"] += bool(pacing.held)
+                cursor["held"] = pacing.held
+                ranges, hold_reason = pacing.ranges, pacing.reason
+            skipped = []
+            active_active = stream == "click" and len(layout.replicas()) > 1
+            if active_active and ranges:
+                share = divide_clicks(registry.get(), dc, ranges, cursor["waiting"], settings.takeover_grace_seconds,
+                                      time.time())
+                if share.taken_over:
+                    context.log.warning(f"taking over click lines of {sorted(share.taken_over)}: "
+                                        f"{sum(share.taken_over.values())} bytes (lease expired or past the grace)")
+                cursor["waiting"] = share.waiting
+                ranges, skipped = share.cut, share.skipped
+                if share.waiting and not ranges:
+                    hold_reason = hold_reason or (f"{len(share.waiting)} click file(s) are another datacenter's "
+                                                  "share while its lease lives")
+            max_bytes = work_unit_bytes(stream, sum(end - start for _, start, end in ranges), settings)
+            units = cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units), skipped)
+            # Recorded durably before any run is requested: a crash in between re-requests the same units.
+            log.append(units)
+            fresh: list[WorkUnit] = [u for u in log.units[cursor["requested"]:] if u.dispatched]
+            if active_active:
+                claim_units(registry.get(), dc, stream, fresh)
+            requested = len(log.units)
         requests = [work_unit_request(dc, stream, LOG_RANGES, u.id, u.ranges) for u in fresh]
-        retries = plan_retries(context.instance, job_name, dc, settings)
+        retries = plan_retries(context.instance, stream, dc, settings, layout)
         requests += retries.run_requests
         if retries.exhausted:
             context.log.error(f"work units failed {settings.max_attempts} times: {retries.exhausted}")
@@ -248,20 +246,12 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
                 skip += f"; {len(retries.waiting)} failed work unit(s) waiting for their retry backoff"
         return dg.SensorResult(
             run_requests=requests,
-            cursor=write_cursor({**cursor, "requested": len(log.units)}),
+            cursor=write_cursor({**cursor, "requested": requested}),
             skip_reason=skip,
             asset_events=observations,
         )
 
     return _dispatcher
-
-
-def divide_clicks(registry, dc: str, ranges: list[tuple[str, int, int]], waiting_before: dict[str, list],
-                  settings: PipelineSettings, now: float) -> Share:
-    """This datacenter's share of the new click lines, by the leases and claims in the registry."""
-    leases = registry.heartbeat(None, 0)
-    claims = registry.work_claims("click", sorted({file for file, _, _ in ranges}))
-    return share_work(dc, ranges, claims, leases, waiting_before, settings.takeover_grace_seconds, now)
 
 
 def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None) -> dg.AssetObservation:

@@ -3,7 +3,9 @@
 The daemon never relaunches a run key that has a run, even a failed one, so attempt n+1 of a work
 unit is requested under its own key `<work unit>#<n+1>` with the same configuration (the same byte
 ranges and the same registry token). Runs killed with their process are marked failed by the
-runner (see photon/runner.py) or by Dagster's run monitoring, and then retried the same way.
+runner (see photon/runner.py) or by Dagster's run monitoring, and then retried the same way. A
+catch-up run materialized with no work unit in its config cut its unit for itself: its retry names
+that unit, read back from the work unit log.
 Which work units are in flight, awaiting a retry or failed for good is read from the instance by
 `photon_assets/work_unit.py`.
 """
@@ -16,8 +18,19 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from photon_assets.work_unit import TAG_ATTEMPT, TAG_DC, TAG_RECOVERED, TAG_WORK_UNIT, failed_latest_attempts
+from photon_assets.jobs import STREAM_JOBS
+from photon_assets.work_unit import (
+    TAG_ATTEMPT,
+    TAG_DC,
+    TAG_RECOVERED,
+    TAG_STREAM,
+    TAG_WORK_UNIT,
+    catch_up_config,
+    failed_latest_attempts,
+)
+from resources.layout import DataLayout
 from resources.settings import PipelineSettings
+from resources.work_unit_log import WorkUnitLog
 
 
 @dataclass
@@ -32,11 +45,13 @@ def backoff_seconds(attempt: int, settings: PipelineSettings) -> float:
 
 
 def plan_retries(
-    instance: dg.DagsterInstance, job_name: str, dc: str, settings: PipelineSettings, now: float | None = None
+    instance: dg.DagsterInstance, stream: str, dc: str, settings: PipelineSettings, layout: DataLayout,
+    now: float | None = None,
 ) -> RetryPlan:
     now = time.time() if now is None else now
+    job_name, op_name = STREAM_JOBS[stream]
     plan = RetryPlan()
-    filters = dg.RunsFilter(job_name=job_name, statuses=[dg.DagsterRunStatus.FAILURE], tags={TAG_DC: dc})
+    filters = dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], tags={TAG_DC: dc, TAG_STREAM: stream})
     for record in failed_latest_attempts(instance, filters):
         run = record.dagster_run
         if TAG_RECOVERED in run.tags:
@@ -51,9 +66,14 @@ def plan_retries(
             plan.waiting.append(unit)
             continue
         run_config = copy.deepcopy(dict(run.run_config))
-        for op in run_config.get("ops", {}).values():
-            if "config" in op and "work_unit" in op["config"]:
-                op["config"]["attempt"] = attempt + 1
+        config = run_config.setdefault("ops", {}).setdefault(op_name, {}).setdefault("config", {})
+        if not config.get("work_unit"):  # a catch-up run, which cut its unit for itself
+            cut = WorkUnitLog.load(layout.work_unit_log(dc, stream)).unit(unit)
+            if cut is None:  # it died before recording the unit: nothing was cut, nothing to redo
+                instance.add_run_tags(run.run_id, {TAG_RECOVERED: "no work unit recorded"})
+                continue
+            config.update(catch_up_config(dc, cut))
+        config["attempt"] = attempt + 1
         tags = {k: v for k, v in run.tags.items() if k.startswith("photon/")}
         tags[TAG_ATTEMPT] = str(attempt + 1)
         plan.run_requests.append(

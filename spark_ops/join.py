@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -108,9 +109,11 @@ class JoinStats:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     # Click time minus query time of the clicks joined (window advice, Facebook §6.5): p50, p99, max.
     delay_seconds: dict[str, float] = field(default_factory=dict)
+    # From the event time of the clicks joined to their output commit: p50, p90.
+    latency_seconds: dict[str, float] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
-        return {k: v for k, v in asdict(self).items() if k not in ("phase_seconds", "delay_seconds")}
+        return {k: v for k, v in asdict(self).items() if k not in ("phase_seconds", "delay_seconds", "latency_seconds")}
 
     @property
     def memory_hit_ratio(self) -> float | None:
@@ -127,17 +130,30 @@ class JoinStats:
         return now
 
 
-def join_delays(outcomes: list[Path]) -> dict[str, float]:
-    """p50, p99 and max of click time minus query time over the staged joined pairs, read from the
-    Parquet files directly (no Spark job)."""
+def staged_joins(outcomes: list[Path]) -> pa.Table:
+    """Click and query times of the staged joined pairs, read from the Parquet files directly (no
+    Spark job)."""
     staged = [ds.dataset(str(path), format="parquet") for path in outcomes if path.is_dir()]
-    table = ds.dataset(staged).to_table(columns=["timestamp_us", "query_timestamp_us"],
-                                        filter=ds.field("outcome") == JOINED)
-    delays = pc.subtract(table["timestamp_us"], table["query_timestamp_us"]).drop_null().to_numpy() / 1e6
+    return ds.dataset(staged).to_table(columns=["timestamp_us", "query_timestamp_us"],
+                                       filter=ds.field("outcome") == JOINED)
+
+
+def join_delays(joins: pa.Table) -> dict[str, float]:
+    """p50, p99 and max of click time minus query time."""
+    delays = pc.subtract(joins["timestamp_us"], joins["query_timestamp_us"]).drop_null().to_numpy() / 1e6
     if not len(delays):
         return {}
     p50, p99 = np.percentile(delays, [50, 99])
     return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "max": round(float(delays.max()), 3)}
+
+
+def output_latency(joins: pa.Table, committed_s: float) -> dict[str, float]:
+    """p50 and p90 of the joined clicks' latency: from their event time to the output commit."""
+    latency = committed_s - joins["timestamp_us"].to_numpy() / 1e6
+    if not len(latency):
+        return {}
+    p50, p90 = np.percentile(latency, [50, 90])
+    return {"p50": round(float(p50), 3), "p90": round(float(p90), 3)}
 
 
 def window_advice(delay_seconds: dict[str, float], window_seconds: float) -> str | None:
@@ -233,10 +249,12 @@ def join_work_unit(
             outcomes = outcomes.where(F.col("state") != BEYOND_MEMORY).unionByName(
                 resolve(beyond.select(*looked.columns), found, staging / "outcomes_beyond"))
             mark = stats.timed("eventstore", mark)
-        stats.delay_seconds = join_delays([staging / "outcomes", staging / "outcomes_beyond"])
+        joins = staged_joins([staging / "outcomes", staging / "outcomes_beyond"])
+        stats.delay_seconds = join_delays(joins)
         checkpoint("after_registry_commit")
 
         _write(outcomes, work.retried, stats, token, attempt, dc, tables)
+        stats.latency_seconds = output_latency(joins, time.time())
         mark = stats.timed("write", mark)
         checkpoint("after_output_write")
 

@@ -1,5 +1,7 @@
 """Assets and checks through Dagster's `materialize`, on real Spark, Delta and DuckDB."""
 
+import json
+
 import dagster as dg
 import pytest
 
@@ -8,11 +10,14 @@ from photon_assets.clicks import click_aggregates, join_clicks
 from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
-from photon_assets.work_unit import PENDING
+from photon_assets.work_unit import PENDING, TAG_DC, TAG_STREAM, TAG_WORK_UNIT, bytes_behind_log_heads
+from resources.layout import DataLayout
 from resources.registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
+from resources.work_unit_log import WorkUnit, WorkUnitLog
+from sensors.dispatcher import log_dispatcher
 from tests.conftest import click, query, write_lines
 
 ASSETS = [ingest_query_logs, join_clicks, click_aggregates, *ALL_CHECKS]
@@ -106,6 +111,52 @@ def test_pipeline_through_assets_and_checks(data_dir):
             [evaluation] = dg.materialize([*ASSETS, *checks], selection=dg.AssetSelection.checks(*checks),
                                           resources=resources(data_dir), instance=instance).get_asset_check_evaluations()
             assert evaluation.passed == fresh, (within, evaluation.metadata)
+
+
+def test_materialize_with_no_config_catches_up_on_every_line_not_yet_in_a_work_unit(data_dir):
+    """Materialize in the UI: each run cuts a catch-up unit of what no work unit holds yet, under
+    the dispatcher's lock and rules, records itself as the unit's run and takes its tags; the
+    dispatcher then requests no run for those bytes. With nothing new, the tables as they are."""
+    logs = data_dir / "logs" / "dc1"
+    write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:2", 6)])
+    click_file = write_lines(logs / "click" / "w" / "0.jsonl", [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10)])
+    layout = DataLayout(data_dir)
+    with dg.instance_for_test() as instance:
+        # A dispatcher already cut the first click line; the catch-up takes what follows.
+        WorkUnitLog.load(layout.work_unit_log("dc1", "click")).append(
+            [WorkUnit("dc1.click.00000000", 0, (("w/0.jsonl", 0, click_file.stat().st_size),))])
+        first_end = click_file.stat().st_size
+        write_lines(click_file, [click("10.3.0.1:1:2", "10.1.0.1:1:2", 20)])
+        ingested = materialize(data_dir, instance, QUERY_UNIT)
+        assert metadata(ingested, "query_logs")["queries_added"] == 2
+        joined = materialize(data_dir, instance, CLICK_UNIT)
+        done = metadata(joined, "joined_clicks")
+        assert (done["clicks_joined"], done["dagster/row_count"]) == (1, 1)
+        # What the UI plots: latency to the output commit, the registry's batching, the logs not cut yet.
+        assert done["latency_p90_seconds"] >= done["latency_p50_seconds"] > 0
+        assert done["registry_ids_per_transaction"] > 0
+        assert metadata(joined, "click_ledger")["bytes_behind_log_heads"] == 0
+        [query_unit] = WorkUnitLog.load(layout.work_unit_log("dc1", "query")).units
+        catch_up = WorkUnitLog.load(layout.work_unit_log("dc1", "click")).units[-1]
+        assert catch_up.ranges == (("w/0.jsonl", first_end, click_file.stat().st_size),)
+        assert (catch_up.run_id, done["work_unit"]) == (joined.run_id, catch_up.id)
+        assert query_unit.run_id == ingested.run_id and query_unit.clock_us > 0
+        tags = instance.get_run_by_id(joined.run_id).tags
+        assert (tags[TAG_WORK_UNIT], tags[TAG_DC], tags[TAG_STREAM]) == (catch_up.id, "dc1", "click")
+
+        # The dispatchers find nothing to cut and nothing to request.
+        for stream in ("query", "click"):
+            sensor = log_dispatcher("dc1", stream, str(data_dir))
+            with dg.build_sensor_context(instance=instance, cursor=json.dumps({"v": 1, "requested": 0 if stream == "query" else 1}),
+                                         resources={"settings": PipelineSettings(), "registry": resources(data_dir)["registry"]}) as context:
+                assert sensor(context).run_requests == [], stream
+
+        # Nothing new: the tables as they are, with no unit cut.
+        again = materialize(data_dir, instance, CLICK_UNIT)
+        assert metadata(again, "joined_clicks")["dagster/row_count"] == 1
+        assert WorkUnitLog.load(layout.work_unit_log("dc1", "click")).units[-1] == catch_up
+        line = write_lines(logs / "query" / "w" / "1.jsonl", [query("10.1.0.1:1:3", 7)]).stat().st_size
+        assert bytes_behind_log_heads(layout, "dc1", "query") == line
 
 
 def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(data_dir):

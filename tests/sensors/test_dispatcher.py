@@ -10,10 +10,10 @@ from resources.layout import DataLayout
 from resources.registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
 from resources.stream_state import EventTimeWatermark, PendingDigest, QueryProgress, WriterProgress, pending_retry_decision
+from resources.ownership import preferred_dc
+from resources.work_unit_log import WorkUnit, WorkUnitLog
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
-from sensors.ownership import preferred_dc
 from sensors.retries import plan_retries
-from sensors.work_units import WorkUnitLog
 from tests.conftest import click, query, write_lines
 
 
@@ -135,12 +135,12 @@ def failed_run(instance, unit: str, attempt: int, stream: str = "click"):
     )
 
 
-def test_failed_work_units_are_retried_under_new_keys_with_backoff(instance):
+def test_failed_work_units_are_retried_under_new_keys_with_backoff(tmp_path, instance):
     settings = PipelineSettings(retry_backoff_seconds=10, max_attempts=3)
     failed_run(instance, "dc1.click.00000007", 1)
     now = instance.get_run_records()[0].update_timestamp.timestamp()
-    assert plan_retries(instance, JOIN_CLICKS_JOB, "dc1", settings, now=now + 1).waiting == ["dc1.click.00000007"]
-    plan = plan_retries(instance, JOIN_CLICKS_JOB, "dc1", settings, now=now + 11)
+    assert plan_retries(instance, "click", "dc1", settings, DataLayout(tmp_path), now=now + 1).waiting == ["dc1.click.00000007"]
+    plan = plan_retries(instance, "click", "dc1", settings, DataLayout(tmp_path), now=now + 11)
     [retry] = plan.run_requests
     assert retry.run_key == "dc1.click.00000007#2"
     assert retry.run_config["ops"]["join_clicks"]["config"]["attempt"] == 2
@@ -148,18 +148,39 @@ def test_failed_work_units_are_retried_under_new_keys_with_backoff(instance):
 
     # Attempt 2 failed too: backoff doubles. Attempt 3 failed: exhausted, reported, not retried.
     failed_run(instance, "dc1.click.00000007", 2)
-    assert plan_retries(instance, JOIN_CLICKS_JOB, "dc1", settings, now=now + 15).waiting
+    assert plan_retries(instance, "click", "dc1", settings, DataLayout(tmp_path), now=now + 15).waiting
     failed_run(instance, "dc1.click.00000007", 3)
-    plan = plan_retries(instance, JOIN_CLICKS_JOB, "dc1", settings, now=now + 10_000)
+    plan = plan_retries(instance, "click", "dc1", settings, DataLayout(tmp_path), now=now + 10_000)
     assert plan.run_requests == [] and plan.exhausted == ["dc1.click.00000007"]
 
 
-def test_a_succeeded_work_unit_is_not_retried(instance):
+def test_a_succeeded_work_unit_is_not_retried(tmp_path, instance):
     failed_run(instance, "dc1.click.00000001", 1)
     create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.SUCCESS,
-                        tags={TAG_DC: "dc1", TAG_WORK_UNIT: "dc1.click.00000001", TAG_ATTEMPT: "2"})
-    plan = plan_retries(instance, JOIN_CLICKS_JOB, "dc1", PipelineSettings(retry_backoff_seconds=0))
+                        tags={TAG_DC: "dc1", TAG_STREAM: "click", TAG_WORK_UNIT: "dc1.click.00000001", TAG_ATTEMPT: "2"})
+    plan = plan_retries(instance, "click", "dc1", PipelineSettings(retry_backoff_seconds=0), DataLayout(tmp_path))
     assert plan.run_requests == [] and plan.waiting == [] and plan.exhausted == []
+
+
+def test_a_catch_up_run_is_retried_with_the_unit_it_cut_for_itself(tmp_path, instance):
+    """Materialized with no work unit in its config, a run cut its own unit and took its tags: its
+    retry names that unit, read back from the work unit log; one that died before recording its
+    unit cut nothing, and is not retried."""
+    layout = DataLayout(tmp_path)
+    unit = WorkUnit("dc1.click.00000003.abcdef12", 3, (("w/0.jsonl", 0, 40),), run_id="abcdef12-run", clock_us=123)
+    WorkUnitLog.load(layout.work_unit_log("dc1", "click")).append([unit])
+    for unit_id in (unit.id, "dc1.click.00000004.deadbeef"):
+        create_run_for_test(instance, job_name="__ASSET_JOB", status=dg.DagsterRunStatus.FAILURE, run_config={},
+                            tags={TAG_DC: "dc1", TAG_STREAM: "click", TAG_KIND: "log_ranges", TAG_WORK_UNIT: unit_id,
+                                  TAG_ATTEMPT: "1"})
+    [retry] = plan_retries(instance, "click", "dc1", PipelineSettings(retry_backoff_seconds=0), layout).run_requests
+    assert (retry.run_key, retry.job_name) == (f"{unit.id}#2", JOIN_CLICKS_JOB)
+    assert retry.run_config["ops"]["join_clicks"]["config"] == {
+        "dc": "dc1", "work_unit": unit.id, "kind": "log_ranges", "clock_us": 123, "attempt": 2,
+        "ranges": [{"file": "w/0.jsonl", "start": 0, "end": 40}]}
+    assert plan_retries(instance, "click", "dc1", PipelineSettings(retry_backoff_seconds=0), layout).run_requests == [retry]
+    [dead] = [r for r in instance.get_runs() if r.tags[TAG_WORK_UNIT].endswith("deadbeef")]
+    assert "photon/recovered" in dead.tags
 
 
 def test_pending_clicks_are_retried_only_when_query_data_could_hold_their_queries(tmp_path, instance):
@@ -266,7 +287,7 @@ def registry(tmp_path):
 
 
 def test_two_datacenters_cut_their_own_shares_and_skip_what_the_other_finished(tmp_path, instance, registry):
-    """Active-active (sensors/ownership.py) through the registry: each datacenter's dispatcher cuts
+    """Active-active (resources/ownership.py) through the registry: each datacenter's dispatcher cuts
     the files preferred for it, a finished range is skipped without a run, and the share of a
     datacenter whose lease lapsed is taken over where it stopped."""
     files = [f"w{i}/00000.jsonl" for i in range(8)]

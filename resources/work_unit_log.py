@@ -6,15 +6,22 @@ Per datacenter and stream, an append-only JSON Lines log of work units, each a l
 range. A work unit is written here (and fsynced) before any run for it is requested, so its
 boundaries never change: a retry, or a re-evaluation after a crash, always names the same bytes
 under the same id, and its registry token stays the same. Ranges another datacenter finished
-are recorded as `skipped` units (sensors/ownership.py): they advance the offsets, with no run.
+are recorded as `skipped` units (resources/ownership.py): they advance the offsets, with no run.
+
+Two writers append: the dispatcher, and a catch-up run materialized with no work unit named
+(photon_assets/work_unit.py), which records itself as its unit's run. Each holds the log's lock from
+reading the offsets to its append (`WorkUnitLog.locked`), so that no byte is cut twice.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 TAIL_BLOCK = 1 << 16
 
@@ -24,16 +31,28 @@ class WorkUnit:
     id: str
     seq: int
     ranges: tuple[tuple[str, int, int], ...]
-    # Ranges another datacenter finished (sensors/ownership.py): they advance the offsets, no run.
+    # Ranges another datacenter finished (resources/ownership.py): they advance the offsets, no run.
     skipped: bool = False
+    # The catch-up run that cut this unit for itself: the dispatcher requests no run for it.
+    run_id: str = ""
+    # The pipeline's clock when a catch-up run cut the unit (µs), for its retries; the dispatcher's
+    # units carry theirs in their runs' config.
+    clock_us: int = 0
+
+    @property
+    def dispatched(self) -> bool:
+        """Whether the dispatcher requests the runs of this unit."""
+        return not self.skipped and not self.run_id
 
     @property
     def bytes(self) -> int:
         return sum(end - start for _, start, end in self.ranges)
 
     def to_json(self) -> str:
-        skipped = {"skipped": True} if self.skipped else {}
-        return json.dumps({"id": self.id, "seq": self.seq, "ranges": [list(r) for r in self.ranges], **skipped})
+        extra = {"skipped": True} if self.skipped else {}
+        if self.run_id:
+            extra.update(run_id=self.run_id, clock_us=self.clock_us)
+        return json.dumps({"id": self.id, "seq": self.seq, "ranges": [list(r) for r in self.ranges], **extra})
 
 
 @dataclass
@@ -42,20 +61,34 @@ class WorkUnitLog:
     units: list[WorkUnit] = field(default_factory=list)
 
     @classmethod
-    def load(cls, path: Path) -> "WorkUnitLog":
+    def load(cls, path: Path, repair: bool = False) -> "WorkUnitLog":
+        """The units appended so far. A reader without the lock leaves an incomplete last line alone
+        (another writer may be appending it); the lock holder drops it (`repair`)."""
         log = cls(path)
         if path.exists():
             data = path.read_bytes()
             complete = data[: data.rfind(b"\n") + 1]
-            if len(complete) != len(data):
+            if repair and len(complete) != len(data):
                 # A torn append (crash mid-write) was never acknowledged: drop it.
                 with open(path, "r+b") as f:
                     f.truncate(len(complete))
             for line in complete.splitlines():
                 unit = json.loads(line)
                 log.units.append(WorkUnit(unit["id"], unit["seq"], tuple(tuple(r) for r in unit["ranges"]),
-                                          unit.get("skipped", False)))
+                                          unit.get("skipped", False), unit.get("run_id", ""), unit.get("clock_us", 0)))
         return log
+
+    @classmethod
+    @contextmanager
+    def locked(cls, path: Path) -> Iterator["WorkUnitLog"]:
+        """The log, loaded and held against the other writer until the block ends."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield cls.load(path, repair=True)
+
+    def unit(self, unit_id: str) -> WorkUnit | None:
+        return next((u for u in self.units if u.id == unit_id), None)
 
     def next_offsets(self) -> dict[str, int]:
         offsets: dict[str, int] = {}
@@ -130,10 +163,12 @@ def new_ranges(stream_dir: Path, offsets: dict[str, int]) -> list[tuple[str, int
 
 
 def cut_work_units(
-    stream_dir: Path, ranges: list[tuple[str, int, int]], max_bytes: int, id_prefix: str, first_seq: int
+    stream_dir: Path, ranges: list[tuple[str, int, int]], max_bytes: int, id_prefix: str, first_seq: int,
+    skipped: list[tuple[str, int, int]] = (),
 ) -> list[WorkUnit]:
     """Packs ranges, in order, into work units of at most `max_bytes` (a single line longer than
-    that makes a work unit of its own); a range is split only at a line boundary."""
+    that makes a work unit of its own); a range is split only at a line boundary. `skipped` ranges
+    (another datacenter finished them) follow as one unit with no run."""
     units: list[WorkUnit] = []
     current: list[tuple[str, int, int]] = []
     size = 0
@@ -160,6 +195,9 @@ def cut_work_units(
                 start = cut
             close()
     close()
+    if skipped:
+        seq = first_seq + len(units)
+        units.append(WorkUnit(f"{id_prefix}.{seq:08d}", seq, tuple(skipped), skipped=True))
     return units
 
 

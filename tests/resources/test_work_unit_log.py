@@ -1,4 +1,4 @@
-from sensors.work_units import WorkUnit, WorkUnitLog, complete_end, cut_work_units, new_ranges
+from resources.work_unit_log import WorkUnit, WorkUnitLog, complete_end, cut_work_units, new_ranges
 
 
 def test_torn_last_line_is_left_for_later(tmp_path):
@@ -31,8 +31,11 @@ def test_log_survives_a_torn_append(tmp_path):
     log.append([WorkUnit("u.0", 0, (("a.jsonl", 0, 10),))])
     with open(log.path, "a") as f:
         f.write('{"id": "u.1", "se')
-    reloaded = WorkUnitLog.load(log.path)
-    assert [u.id for u in reloaded.units] == ["u.0"]
-    assert reloaded.next_offsets() == {"a.jsonl": 10}
-    reloaded.append([WorkUnit("u.1", 1, (("a.jsonl", 10, 20),))])
+    # A reader without the lock leaves the tail alone: another writer may be appending it.
+    assert [u.id for u in WorkUnitLog.load(log.path).units] == ["u.0"]
+    assert log.path.read_text().endswith('"se')
+    with WorkUnitLog.locked(log.path) as reloaded:
+        assert [u.id for u in reloaded.units] == ["u.0"]
+        assert reloaded.next_offsets() == {"a.jsonl": 10}
+        reloaded.append([WorkUnit("u.1", 1, (("a.jsonl", 10, 20),))])
     assert [u.id for u in WorkUnitLog.load(log.path).units] == ["u.0", "u.1"]

@@ -83,3 +83,18 @@ def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[st
             share.cut.append((file, pos, stop))
             pos = stop
     return share
+
+
+def divide_clicks(registry, dc: str, ranges: list[Range], waiting_before: dict[str, list], grace_seconds: float,
+                  now: float) -> Share:
+    """This datacenter's share of the new click lines, by the leases and claims in the registry."""
+    leases = registry.heartbeat(None, 0)
+    claims = registry.work_claims("click", sorted({file for file, _, _ in ranges}))
+    return share_work(dc, ranges, claims, leases, waiting_before, grace_seconds, now)
+
+
+def claim_units(registry, dc: str, stream: str, units) -> None:
+    """Claims work units in the registry before their runs are requested, so that the other
+    datacenters wait for their bytes."""
+    if units:
+        registry.claim_work(dc, stream, [{"unit": u.id, "ranges": [list(r) for r in u.ranges]} for u in units])
