@@ -17,6 +17,8 @@ QUICK = (
     "tests/resources/test_work_claims.py",
     "tests/resources/test_watermark.py",
     "tests/resources/test_recent_queries.py",
+    "tests/resources/test_work_unit_log.py",
+    "tests/resources/test_ownership.py",
     "tests/photon/",
     "tests/spark_ops/test_events.py",
     "tests/spark_ops/test_tables.py",
