@@ -12,7 +12,7 @@ from pydantic import Field
 from resources.layout import DataLayout
 from resources.ownership import claim_units, divide_clicks
 from resources.settings import PipelineSettings, pipeline_settings
-from resources.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, new_ranges
+from resources.work_unit_log import WorkUnit, WorkUnitLog, new_ranges, skipped_unit
 from spark_ops.parse import ByteRange
 
 LOG_RANGES = "log_ranges"  # newly arrived bytes of log files
@@ -93,8 +93,8 @@ def unit_to_run(context: dg.AssetExecutionContext, config: WorkUnitConfig, strea
         if unit is not None:
             context.instance.add_run_tags(context.run_id, {TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: LOG_RANGES,
                                                            TAG_WORK_UNIT: unit.id, TAG_ATTEMPT: "1"})
-        log.append(([unit] if unit else []) + cut_work_units(layout.stream_dir(dc, stream), [], 0,
-                                                             f"{dc}.{stream}", seq + bool(unit), skipped))
+        log.append(([unit] if unit else []) + ([skipped_unit(f"{dc}.{stream}", seq + bool(unit), skipped)]
+                                               if skipped else []))
         if unit is not None and active_active:
             claim_units(registry, dc, stream, [unit])
     if unit is None:

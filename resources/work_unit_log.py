@@ -196,9 +196,13 @@ def cut_work_units(
             close()
     close()
     if skipped:
-        seq = first_seq + len(units)
-        units.append(WorkUnit(f"{id_prefix}.{seq:08d}", seq, tuple(skipped), skipped=True))
+        units.append(skipped_unit(id_prefix, first_seq + len(units), skipped))
     return units
+
+
+def skipped_unit(id_prefix: str, seq: int, ranges: list[tuple[str, int, int]]) -> WorkUnit:
+    """Ranges another datacenter finished, as one unit with no run: they advance the offsets."""
+    return WorkUnit(f"{id_prefix}.{seq:08d}", seq, tuple(ranges), skipped=True)
 
 
 def line_timestamp(line: bytes) -> int | None:
