@@ -246,7 +246,7 @@ def command_spark_connect(args) -> int:
 
 
 def command_registry(args) -> int:
-    from resources.registry import SECRET_ENV
+    from resources.registry_api import SECRET_ENV
     from resources.registry_service import RemoteIdRegistry, serve
 
     secret = os.environ.get(SECRET_ENV) or None

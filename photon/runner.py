@@ -349,10 +349,7 @@ def storage_lost(layout: DataLayout) -> bool:
     from spark_ops.verification import missing_data_files
 
     paths = [layout.table(name) for name in REPAIRABLE_TABLES if table_committed(layout.table(name))]
-    if not paths:
-        return False
-    spark = spark_session()
-    return any(missing_data_files(spark, path) for path in paths)
+    return any(missing_data_files(path) for path in paths)
 
 
 def recover(instance: dg.DagsterInstance, log: logging.Logger) -> dict:
@@ -406,16 +403,14 @@ def code_location() -> dg.Definitions:
 
 
 def execute_job(instance: dg.DagsterInstance, job_name: str, tags: dict | None = None,
-                asset_check_selection: set[dg.AssetCheckKey] | None = None, ops: dict | None = None):
+                asset_check_selection: set[dg.AssetCheckKey] | None = None):
     """Runs a job of the code location in this process, as a recorded run of the instance; with
-    `asset_check_selection`, only those checks of it (a subset run: no asset is materialized);
-    `ops`: the ops' run config."""
+    `asset_check_selection`, only those checks of it (a subset run: no asset is materialized)."""
     job = code_location().resolve_job_def(job_name)
     if asset_check_selection is not None:
         job = job.get_subset(asset_check_selection=asset_check_selection)
     return job.execute_in_process(
-        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}},
-                    **({"ops": ops} if ops else {})},
+        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
         instance=instance,
         raise_on_error=False,
         tags=tags,
@@ -424,17 +419,17 @@ def execute_job(instance: dg.DagsterInstance, job_name: str, tags: dict | None =
 
 def run_verify_job(instance: dg.DagsterInstance, layout: DataLayout, checks_only: bool = False,
                    tags: dict | None = None):
-    """Runs the `verify` job (the aggregate refreshed, then every asset check; with `checks_only`,
+    """Runs the `verify` job (the aggregate refreshed from the change feed, then every asset check,
+    whose aggregates check compares it with a full aggregation; with `checks_only`,
     the checks alone, reading the tables as they are) as a recorded run of the instance, with every
     table locked: a pipeline of another datacenter in another process waits at its next commit, so
     that the checks see one consistent state. Returns the ExecuteInProcessResult."""
     from photon_assets.checks import ALL_CHECKS
 
     selection = {check.check_key for check in ALL_CHECKS} if checks_only else None
-    ops = None if checks_only else {"click_aggregates": {"config": {"full": True}}}
     with tables_locked([layout.table(name) for name in TABLES]):
         return execute_job(instance, VERIFY_JOB, tags=tags or {"photon/kind": "verify"},
-                           asset_check_selection=selection, ops=ops)
+                           asset_check_selection=selection)
 
 
 def verify(instance: dg.DagsterInstance, layout: DataLayout) -> dict[str, bool]:

@@ -14,7 +14,7 @@ from resources.spark import spark_session
 from resources.stream_state import EventTimeWatermark
 from spark_ops.handoff import unstage
 from spark_ops.join import CAPPED_REASON, EVENT_STORE_COUNTS
-from spark_ops.tables import read_table
+from spark_ops.tables import read_table, row_count
 
 
 def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance) -> dict:
@@ -30,15 +30,15 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     registered = unstage(spark, registry_resource_from_env(str(layout.root)).get().scan(), staged)
     unjoinable = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"])
     try:
-        seen = ledger.select("file", "offset").distinct().count()
+        lines = ledger.agg(F.count_distinct("file", "offset").alias("seen"), F.count_distinct("click_id").alias("ids")).first()
+        seen, distinct_clicks = lines["seen"], lines["ids"]
         distinct = ledger.select("click_id").distinct()
-        distinct_clicks = distinct.count()
         quarantined = read_table(spark, "quarantined_lines", tables["quarantined_lines"])
         by_reason = {r["reason"]: r["count"] for r in unjoinable.groupBy("reason").count().collect()}
         summary = {
             "clicks_seen": seen,
             "distinct_clicks": distinct_clicks,
-            "clicks_joined": read_table(spark, "joined_clicks", tables["joined_clicks"]).count(),
+            "clicks_joined": row_count(spark, "joined_clicks", tables["joined_clicks"]),
             # Clicks too old for the registry are unjoinable without being registered.
             "clicks_pending": distinct.join(registered, "click_id", "left_anti")
             .join(unjoinable.select("click_id"), "click_id", "left_anti").count(),

@@ -124,12 +124,15 @@ def wait_for_webserver(url: str, webserver: Component) -> None:
 
 
 def fail_dead_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> list[str]:
-    """Started runs of these datacenters whose process is gone (killed: Dagster's default run
-    launcher has no health check, and such a run would stay started for good) are marked failed, so
-    that the dispatchers retry their work units. Returns their run ids."""
+    """Started runs of these datacenters, or of none (the freshness check's, the aggregates refresh,
+    table maintenance), whose process is gone (killed: Dagster's default run launcher has no health
+    check, and such a run would stay started for good) are marked failed, so that the dispatchers
+    retry their work units and the runs of a sensor with a concurrency limit of one are launched
+    again. Returns their run ids."""
     failed = []
     for run in instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
-        if run.tags.get(TAG_DC) not in datacenters:
+        dc = run.tags.get(TAG_DC)
+        if dc is not None and dc not in datacenters:
             continue
         process = run_process(instance, run.run_id)
         if process is None or process_alive_since(*process):

@@ -131,11 +131,12 @@ def registry_matches_output(
         unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
         lost = unresolved_ids(registered, joined, unjoinable, in_flight).persist()
         try:
+            # A Spark job per pair of counts: each job is latency.
+            held = registered.agg(F.count("*").alias("registered_ids"), F.count("token").alias("ids_with_token"))
+            lost_counts = lost.agg(F.count("*").alias("lost_ids"), F.count("token").alias("lost_ids_with_token"))
             counts = {
-                "registered_ids": registered.count(),
-                "ids_with_token": registered.where(F.col("token").isNotNull()).count(),
-                "lost_ids": lost.count(),
-                "lost_ids_with_token": lost.where(F.col("token").isNotNull()).count(),
+                **held.first().asDict(),
+                **lost_counts.first().asDict(),
                 "tokens_to_clear": confirmed_tokens(registered, joined, unjoinable, in_flight).count(),
                 "work_units_in_flight": len(in_flight),
             }

@@ -106,9 +106,9 @@ def join_clicks(
         if config is None:
             yield from tables_as_they_are(session, tables, ["click_ledger", "joined_clicks", "unjoinable_clicks"], named.dc)
             return
-        batched_before = registry.get().stats()["total"]
+        batched_before = registry.get().counters()["total"]
         ingest, stats, digest = join_pass(config, session, warehouse, registry, settings, tables, meter)
-        batching = registry_batching(batched_before, registry.get().stats()["total"])
+        batching = registry_batching(batched_before, registry.get().counters()["total"])
         behind = bytes_behind_log_heads(warehouse.layout, config.dc, "click")
         watermark = pass_watermark(warehouse, settings, config.dc, "click", config.work_unit, ingest)
         common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
@@ -255,7 +255,7 @@ class AggregatesConfig(dg.Config):
     metadata=column_schema("click_aggregates"),
     description="Per advertiser_id and event-time minute: clicks and cost, exactly the aggregation of "
     "joined_clicks at the version its last refresh names (Delta). Refreshed off the click path, by a run "
-    "of its own every aggregates_refresh_seconds (the keys of the rows joined since), and in full by verify.",
+    "of its own every aggregates_refresh_seconds (the keys of the rows joined since) and by verify; in full after recovery rewrote a table.",
     kinds={"delta", "spark"},
     group_name="joiner",
 )

@@ -55,6 +55,6 @@ verify_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets("click_aggregates") | dg.AssetSelection.checks(*ALL_CHECKS),
     executor_def=dg.in_process_executor,
     tags=REGISTRY_TAGS,
-    description="Refresh click_aggregates (photon run asks for it in full), then run every invariant check over the output tables "
+    description="Refresh click_aggregates from the change feed, then run every invariant check over the output tables "
     "and the registry (photon run holds every table's lock meanwhile).",
 )

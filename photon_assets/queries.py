@@ -64,7 +64,7 @@ def ingest_query_logs(
             yield from tables_as_they_are(session, tables, ["query_logs", "log_file_map"], named.dc)
             return
         stats, boundary, entries_added = ingest_pass(config, session, warehouse, registry, settings, tables, meter)
-        memory = registry.get().stats().get("recent_queries", {}).get(config.dc, {})
+        memory = registry.get().counters().get("recent_queries", {}).get(config.dc, {})
         watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
         cached_rows = row_count(session, "query_logs", tables["query_logs"])
         map_rows = row_count(session, "log_file_map", tables["log_file_map"])

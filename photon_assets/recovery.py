@@ -1,6 +1,8 @@
 """The recovery job (Photon §3.3.3): output lost after its ids were registered is joined again.
 
-1. Output tables whose data files have gone (storage loss) are rewritten from what remains.
+1. Output tables whose data files have gone (storage loss) are rewritten from what remains, and
+   click_aggregates is then recomputed in full: the rewrites are no refresh the change feed could
+   carry on from.
 2. Lost ids, and clicks a finished work unit read but left untracked (spark_ops/verification.py),
    are re-injected as pending clicks of the datacenter that read them, from the click ledger, and
    only then unregistered: a crash in between leaves them registered and lost, so the next
@@ -33,6 +35,7 @@ from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from resources.stream_state import QueryProgress
+from spark_ops.aggregates import refresh_aggregates
 from spark_ops.handoff import stage
 from spark_ops.pending import pending_of
 from spark_ops.tables import read_table
@@ -65,6 +68,8 @@ def recover_clicks(
     tables = warehouse.tables()
     layout = warehouse.layout
     missing_files = {name: repair_table(session, name, tables[name]) for name in REPAIRABLE_TABLES}
+    if missing_files["joined_clicks"] or missing_files["click_aggregates"]:
+        refresh_aggregates(session, tables["joined_clicks"], tables["click_aggregates"], full=True)
     staged = layout.staging / f"recovery-{context.run_id}"
     ids = registry.get()
     held = []

@@ -10,7 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from resources.layout import DataLayout
-from resources.ownership import claim_units, divide_clicks
+from resources.ownership import claim_units, divide_clicks, shared_among_datacenters
 from resources.settings import PipelineSettings, pipeline_settings
 from resources.work_unit_log import WorkUnit, WorkUnitLog, new_ranges, skipped_unit
 from spark_ops.parse import ByteRange
@@ -83,7 +83,7 @@ def unit_to_run(context: dg.AssetExecutionContext, config: WorkUnitConfig, strea
     with WorkUnitLog.locked(layout.work_unit_log(dc, stream)) as log:
         ranges = new_ranges(layout.stream_dir(dc, stream), log.next_offsets())
         skipped = []
-        active_active = stream == "click" and len(replicas) > 1
+        active_active = shared_among_datacenters(stream, replicas)
         if active_active and ranges:
             share = divide_clicks(registry, dc, ranges, {}, settings.takeover_grace_seconds, time.time())
             ranges, skipped = share.cut, share.skipped

@@ -85,6 +85,12 @@ def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[st
     return share
 
 
+def shared_among_datacenters(stream: str, replicas: list[str]) -> bool:
+    """Whether the datacenters divide this stream's new lines between them: clicks, once there is
+    more than one replica. Query lines are not divided: each datacenter ingests its own replica."""
+    return stream == "click" and len(replicas) > 1
+
+
 def divide_clicks(registry, dc: str, ranges: list[Range], waiting_before: dict[str, list], grace_seconds: float,
                   now: float) -> Share:
     """This datacenter's share of the new click lines, by the leases and claims in the registry."""

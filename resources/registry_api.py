@@ -28,6 +28,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 ArrowSource = Union[pa.Table, pa.RecordBatchReader, ds.Dataset]
+# The registry service's shared secret, for its server and its clients (`photon registry` reads it
+# here: the command does not load Dagster).
+SECRET_ENV = "PHOTON_REGISTRY_SECRET"
 
 
 class IdRegistry(ABC):
@@ -63,7 +66,12 @@ class IdRegistry(ABC):
 
     @abstractmethod
     def stats(self) -> dict:
-        """JSON-serialisable counters: 'total', per shard 'shards', 'configuration', GC boundaries."""
+        """JSON-serialisable counters: 'total', per shard 'shards', 'configuration', GC boundaries,
+        'recent_queries'; with the ids each shard holds, counted (a scan of every shard)."""
+
+    @abstractmethod
+    def counters(self) -> dict:
+        """`stats` without the ids held: only counters kept in memory, for a run's metadata."""
 
     @abstractmethod
     def reshard(self, shards: int, effective_at_us: int | None = None) -> list[dict]:

@@ -125,6 +125,8 @@ class RegistryServer(flight.FlightServerBase):
                 result: Any = self.registry.clear_tokens(body["token"])
             elif action.type == "stats":
                 result = self.registry.stats()
+            elif action.type == "counters":
+                result = self.registry.counters()
             elif action.type == "reshard":
                 result = self.registry.reshard(int(body["shards"]), body.get("effective_at_us"))
             elif action.type == "gc":
@@ -140,8 +142,8 @@ class RegistryServer(flight.FlightServerBase):
             elif action.type == "queries_horizon":
                 result = self.registry.queries_horizon(body["dc"])
             else:
-                raise ValueError(f"unknown action {action.type!r} (clear_tokens, stats, reshard, gc, heartbeat, "
-                                 "claim_work, finish_work, work_claims, queries_horizon)")
+                raise ValueError(f"unknown action {action.type!r} (clear_tokens, stats, counters, reshard, gc, "
+                                 "heartbeat, claim_work, finish_work, work_claims, queries_horizon)")
         return [json.dumps(result).encode()]
 
     def list_actions(self, context):
@@ -332,6 +334,9 @@ class RemoteIdRegistry(IdRegistry):
 
     def stats(self) -> dict:
         return self._action("stats")
+
+    def counters(self) -> dict:
+        return self._action("counters")
 
     def reshard(self, shards: int, effective_at_us: int | None = None) -> list[dict]:
         return self._action("reshard", {"shards": shards, "effective_at_us": effective_at_us})

@@ -297,8 +297,8 @@ class _Shard:
         with self.reader_lock:
             return self.reader.sql("SELECT click_id, timestamp_us, token FROM registered_ids").to_arrow_table()
 
-    def stats(self) -> dict:
-        ids, tokened = self.counts()
+    def counters(self) -> dict:
+        """The shard's request and transaction counters (kept in memory: no query)."""
         transactions = self.transactions
         return {
             "shard": self.index,
@@ -309,10 +309,13 @@ class _Shard:
             "ids_per_transaction_mean": self.ids_in_transactions / transactions if transactions else 0.0,
             "ids_per_transaction_max": self.max_ids_per_transaction,
             "requests_per_transaction_mean": self.requests_in_transactions / transactions if transactions else 0.0,
-            "ids_registered": ids,
-            "ids_with_token": tokened,
             "gc_boundary_us": self.boundary_us,
         }
+
+    def stats(self) -> dict:
+        """The counters and the ids the shard holds (counted: a scan of the shard's table)."""
+        ids, tokened = self.counts()
+        return {**self.counters(), "ids_registered": ids, "ids_with_token": tokened}
 
 
 def _consecutive(batch: list[_Request]) -> Iterator[list[_Request]]:
@@ -450,11 +453,15 @@ class ShardedIdRegistry(IdRegistry):
 
         return pa.RecordBatchReader.from_batches(SCAN_SCHEMA, batches())
 
+    def counters(self) -> dict:
+        return self._summary([shard.counters() for shard in self._all_shards()])
+
     def stats(self) -> dict:
-        shards = [shard.stats() for shard in self._all_shards()]
+        return self._summary([shard.stats() for shard in self._all_shards()], ("ids_registered", "ids_with_token"))
+
+    def _summary(self, shards: list[dict], counted: tuple[str, ...] = ()) -> dict:
         total = {key: sum(s[key] for s in shards) for key in (
-            "requests_received", "transactions", "ids_in_transactions", "requests_in_transactions",
-            "ids_registered", "ids_with_token")}
+            "requests_received", "transactions", "ids_in_transactions", "requests_in_transactions", *counted)}
         transactions = total["transactions"]
         total["ids_per_transaction_mean"] = total["ids_in_transactions"] / transactions if transactions else 0.0
         total["ids_per_transaction_max"] = max((s["ids_per_transaction_max"] for s in shards), default=0)

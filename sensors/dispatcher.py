@@ -33,7 +33,7 @@ from photon_assets.work_unit import (
     work_units_in_flight,
 )
 from resources.layout import DataLayout
-from resources.ownership import claim_units, divide_clicks
+from resources.ownership import claim_units, divide_clicks, shared_among_datacenters
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.stream_state import EventTimeWatermark, PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
@@ -214,7 +214,7 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
                 cursor["held"] = pacing.held
                 ranges, hold_reason = pacing.ranges, pacing.reason
             skipped = []
-            active_active = stream == "click" and len(layout.replicas()) > 1
+            active_active = shared_among_datacenters(stream, layout.replicas())
             if active_active and ranges:
                 share = divide_clicks(registry.get(), dc, ranges, cursor["waiting"], settings.takeover_grace_seconds,
                                       time.time())

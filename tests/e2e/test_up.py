@@ -17,6 +17,7 @@ from photon.runner import headless_instance
 from photon.run_processes import run_process, stat_fields
 from photon_assets.work_unit import UNFINISHED
 from resources.layout import REPO_ROOT, DataLayout
+from resources.spark import SPARK_REMOTE_ENV
 from resources.spark_connect import free_port
 from spark_ops.tables import table_committed
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
@@ -74,57 +75,11 @@ def wait_for_output(data_dir: Path, truth: dict, up: subprocess.Popen) -> None:
         quiet = quiet + 1 if joined == truth["joinable_clicks"] and unfinished == 0 else 0
 
 
-def test_photon_up_drives_a_workload_to_idle_then_stops_everything(tmp_path):
-    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "1000", "--seed", "13", "--datacenters", "dc1")
-    assert result.returncode == 0, result.stderr
-    truth = json.loads((tmp_path / "gen_summary.json").read_text())
-    assert truth["late_query_events"] > 0 and truth["duplicate_click_lines"] > 0 and truth["bad_lines"] > 0
-
-    port = free_port()
-    up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(tmp_path), "--port", str(port)], cwd=REPO_ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        ready = up.stdout.readline()
-        assert ready.startswith(f"photon up: http://127.0.0.1:{port} "), (ready, up.stderr.read() if up.poll() else "")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as answer:
-            assert answer.status == 200
-
-        second = photon("up", "--data-dir", str(tmp_path), "--port", str(free_port()), timeout=120)
-        assert second.returncode == 1
-        assert second.stderr.strip() == f"photon: error: photon up is already running on {tmp_path} (pid {up.pid})"
-
-        wait_for_output(tmp_path, truth, up)
-        running = descendants(up.pid)
-        assert len(running) >= 4  # registry, Spark Connect, daemon, webserver (and their children)
-    finally:
-        stop_started = time.monotonic()
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            raise
-    assert up.returncode == 0, up.stderr.read()[-3000:]
-    assert time.monotonic() - stop_started < 30
-    assert alive(running) == set()
-
-    # The daemon's runs, each a process of its own, wrote exactly the expected output: a photon run
-    # on the same directory finds nothing left to do, and verifies it.
-    summary = run(tmp_path)
-    assert_matches_ground_truth(summary, truth)
-    instance = headless_instance(DataLayout(tmp_path))
-    daemon_runs = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))
-    assert {r.dagster_run.job_name for r in daemon_runs} >= {"ingest_queries", "join_clicks_job"}
-    # Each daemon-launched run reports its start-up cost (the benchmarks compare it; no timing here).
-    assert summary["run_cost"]["click"]["median_launch_to_spark_seconds"] is not None
-    assert summary["run_cost"]["click"]["spark_jobs"] is None  # Connect clients: jobs not counted
-
-
 PIPELINE_JOBS = {"ingest_queries", "join_clicks_job"}
 
 
-def start_up(data_dir: Path, env: dict[str, str]) -> subprocess.Popen:
-    up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(data_dir), "--port", str(free_port())], cwd=REPO_ROOT,
+def start_up(data_dir: Path, env: dict[str, str], port: int | None = None) -> subprocess.Popen:
+    up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(data_dir), "--port", str(port or free_port())], cwd=REPO_ROOT,
                           env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True)
     ready = up.stdout.readline()
@@ -167,15 +122,18 @@ def killed_component_stops_up(up: subprocess.Popen, name: str, marker: str) -> N
     assert wait_until_gone(running, 10) == set()
 
 
-def test_killed_runs_components_and_photon_up_lose_nothing(tmp_path):
+def test_photon_up_loses_nothing_to_killed_runs_and_components_then_stops_everything(tmp_path, spark_connect_server):
     """kill -9 of a run's process (photon up fails it; its work unit is retried), of the Spark
     Connect server, of dagster-daemon and of the registry service in the middle of runs (photon up
     stops with a one-line error and is started again), and of photon up itself (the next photon up
-    ends what it left running): the output is still exactly the expected clicks."""
-    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "1000", "--seed", "17", "--datacenters", "dc1")
+    ends what it left running, and refuses a second photon up). That last one drives the workload to
+    idle and stops on SIGTERM, leaving no process: the output is exactly the expected clicks."""
+    result = photon("gen", "--data-dir", str(tmp_path), "--queries", "1000", "--seed", "13", "--datacenters", "dc1")
     assert result.returncode == 0, result.stderr
     truth = json.loads((tmp_path / "gen_summary.json").read_text())
-    # Small work units: many runs, so that each fault finds one under way.
+    assert truth["late_query_events"] > 0 and truth["duplicate_click_lines"] > 0 and truth["bad_lines"] > 0
+    # Small work units while faults are injected: many runs, so that each fault finds one under way.
+    # The last photon up cuts the rest in the usual sizes.
     env = {"PHOTON_SETTINGS": json.dumps({"click_work_unit_bytes": 4000, "query_work_unit_bytes": 150_000,
                                           "click_catch_up_work_unit_bytes": 0, "query_catch_up_work_unit_bytes": 0})}
     seen: set[str] = set()
@@ -208,13 +166,38 @@ def test_killed_runs_components_and_photon_up_lose_nothing(tmp_path):
         left_behind = descendants(up.pid)
         up.kill()
         up.wait()
-        up = start_up(tmp_path, env)
+        port = free_port()
+        up = start_up(tmp_path, {}, port)
         assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE
         assert wait_until_gone(left_behind, 30) == set()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as answer:
+            assert answer.status == 200
+        second = photon("up", "--data-dir", str(tmp_path), "--port", str(free_port()), timeout=120)
+        assert second.returncode == 1
+        assert second.stderr.strip() == f"photon: error: photon up is already running on {tmp_path} (pid {up.pid})"
+
         wait_for_output(tmp_path, truth, up)
+        running = descendants(up.pid)
+        assert len(running) >= 4  # registry, Spark Connect, daemon, webserver (and their children)
     finally:
+        stop_started = time.monotonic()
         if up.poll() is None:
             up.send_signal(signal.SIGTERM)
-            up.wait(timeout=30)
-    summary = run(tmp_path)
+            try:
+                up.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(up.pid, signal.SIGKILL)
+                raise
+    assert up.returncode == 0, up.stderr.read()[-3000:]
+    assert time.monotonic() - stop_started < 30
+    assert alive(running) == set()
+
+    # The daemon's runs, each a process of its own, wrote exactly the expected output: a photon run
+    # on the same directory (over the suite's Connect server) finds nothing left to do, and verifies it.
+    summary = run(tmp_path, env_extra={SPARK_REMOTE_ENV: spark_connect_server})
     assert_matches_ground_truth(summary, truth)
+    daemon_runs = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))
+    assert {r.dagster_run.job_name for r in daemon_runs} >= PIPELINE_JOBS
+    # Each daemon-launched run reports its start-up cost (the benchmarks compare it; no timing here).
+    assert summary["run_cost"]["click"]["median_launch_to_spark_seconds"] is not None
+    assert summary["run_cost"]["click"]["spark_jobs"] is None  # Connect clients: jobs not counted

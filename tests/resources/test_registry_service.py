@@ -161,8 +161,13 @@ def test_concurrent_threads_and_processes_partition_the_ids(server):
     assert sorted(owners) == sorted(universe)
     found = RemoteIdRegistry(server.address).lookup(events(*universe))
     assert dict(zip(found["click_id"].to_pylist(), found["token"].to_pylist())) == owners
-    stats = RemoteIdRegistry(server.address).stats()["total"]
+    remote = RemoteIdRegistry(server.address)
+    stats, counters = remote.stats()["total"], remote.counters()["total"]
     assert stats["transactions"] < stats["requests_received"]  # requests shared transactions
+    # The counters alone: the same, without the ids held (counted by a scan of every shard).
+    assert stats["ids_registered"] >= len(universe) and "ids_registered" not in counters
+    assert {k: counters[k] for k in ("transactions", "ids_in_transactions")} == \
+        {k: stats[k] for k in ("transactions", "ids_in_transactions")}
 
 
 class LosingServer(RegistryServer):

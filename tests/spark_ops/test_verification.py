@@ -81,12 +81,12 @@ def test_storage_loss_is_found_and_the_table_rewritten_from_what_remains(spark, 
     path = str(tmp_path / "warehouse" / "click_ledger")
     for unit in ("dc1.click.1", "dc1.click.2"):
         append_once(ledger_rows(spark, [("dc1", f"{unit}-x", unit)]), "click_ledger", path, unit, 1)
-    assert missing_data_files(spark, path) == []
+    assert missing_data_files(path) == []
     victim = sorted((tmp_path / "warehouse" / "click_ledger").rglob("*.parquet"))[0]
     victim.unlink()
-    assert len(missing_data_files(spark, path)) == 1
+    assert len(missing_data_files(path)) == 1
     assert repair_table(spark, "click_ledger", path) == 1
-    assert missing_data_files(spark, path) == []
+    assert missing_data_files(path) == []
     assert read_table(spark, "click_ledger", path).count() == 1
     assert repair_table(spark, "click_ledger", path) == 0
 
