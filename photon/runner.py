@@ -106,7 +106,11 @@ def prepare_environment(layout: DataLayout, datacenters: list[str], run_log_leve
     layout.dagster_home.mkdir(parents=True, exist_ok=True)
     yaml = layout.dagster_home / "dagster.yaml"
     if not yaml.exists():
-        yaml.write_text(DAGSTER_YAML)
+        # Renamed into place whole: another datacenter's `photon run` starting at the same moment
+        # must never load a half-written file.
+        partial = yaml.with_name(f".dagster.yaml.{os.getpid()}")
+        partial.write_text(DAGSTER_YAML)
+        partial.replace(yaml)
 
 
 def headless_instance(layout: DataLayout) -> dg.DagsterInstance:

@@ -121,12 +121,15 @@ def test_a_killed_datacenters_share_is_taken_over_and_it_resumes_when_back(tmp_p
     client = RemoteIdRegistry(registry.address)
     files = sorted(str(p.relative_to(tmp_path / "logs" / "dc1" / "click"))
                    for p in (tmp_path / "logs" / "dc1" / "click").rglob("*.jsonl"))
+    pipelines = []
     try:
         dc1 = start_run(tmp_path, "--datacenters", "dc1", env_extra=env)
         dc2 = start_run(tmp_path, "--datacenters", "dc2", env_extra=env)
+        pipelines += [dc1, dc2]
         deadline = time.monotonic() + 600
         while not any(c["dc"] == "dc2" for c in client.work_claims("click", files)):
-            assert dc2.poll() is None and time.monotonic() < deadline, "dc2 claimed no work"
+            assert dc2.poll() is None, f"dc2 exited with status {dc2.returncode}: {dc2.communicate()[1][-3000:]}"
+            assert time.monotonic() < deadline, "dc2 claimed no work"
             time.sleep(0.05)
         dc2.send_signal(signal.SIGKILL)
         killed_us = time.time_ns() // 1000
@@ -135,6 +138,10 @@ def test_a_killed_datacenters_share_is_taken_over_and_it_resumes_when_back(tmp_p
         claims = client.work_claims("click", files)
         back = run(tmp_path, "--datacenters", "dc2", env_extra=env)
     finally:
+        for pipeline in pipelines:
+            if pipeline.poll() is None:
+                pipeline.kill()
+                pipeline.communicate()
         client.close()
         registry.stop()
     dc2_share = [c for c in claims if preferred_dc(c["file"], {"dc1", "dc2"}) == "dc2"]
