@@ -26,7 +26,7 @@ from spark_ops.aggregates import aggregate_clicks, aggregates_snapshot
 from spark_ops.handoff import unstage
 from spark_ops.join import CAPPED_REASON
 from spark_ops.pending import pending_of
-from spark_ops.tables import latest_snapshot, read_table
+from spark_ops.tables import latest_version, read_table
 from spark_ops.verification import confirmed_tokens, settled_ids, unresolved_ids
 
 LOST_SAMPLE = 20  # lost ids listed in the check's metadata
@@ -158,8 +158,8 @@ def aggregates_match_joined_clicks(spark: SparkResource, warehouse: WarehouseRes
     session = spark.session()
     tables = warehouse.tables()
     through, actual = aggregates_snapshot(session, tables["click_aggregates"])
-    latest, _ = latest_snapshot(session, "joined_clicks", tables["joined_clicks"])
     joined = read_table(session, "joined_clicks", tables["joined_clicks"])
+    latest = latest_version(tables["joined_clicks"])
     expected = aggregate_clicks(joined.limit(0) if through is None else
                                 session.read.format("delta").option("versionAsOf", through).load(tables["joined_clicks"]))
     keys = ["advertiser_id", "minute"]

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import dagster as dg
-import deltalake
 
 from photon_assets.jobs import REFRESH_AGGREGATES_JOB
 from photon_assets.maintenance import MAINTENANCE_JOB
@@ -20,7 +19,7 @@ from photon_assets.work_unit import UNFINISHED
 from resources.layout import DataLayout
 from resources.settings import PipelineSettings
 from sensors.dispatcher import MIN_INTERVAL_SECONDS, default_status, read_cursor, run_loggers, write_cursor
-from spark_ops.tables import table_committed
+from spark_ops.tables import latest_version, table_committed
 
 AGGREGATES_SENSOR = "click_aggregates_refresher"
 MAINTENANCE_SENSOR = "table_maintenance"
@@ -51,7 +50,7 @@ def aggregates_refresher(data_dir: str) -> dg.SensorDefinition:
         joined = DataLayout(Path(data_dir)).table("joined_clicks")
         if not table_committed(joined):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="no joined clicks yet")
-        version = deltalake.DeltaTable(joined).version()
+        version = latest_version(joined)
         if refreshed_version(context.instance) >= version:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"up to date with joined_clicks version {version}")
         if runs_in_flight(context.instance, REFRESH_AGGREGATES_JOB):

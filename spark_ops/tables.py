@@ -258,11 +258,15 @@ def row_count(spark: SparkSession, name: str, path: str) -> int:
     return pc.sum(records).as_py() or 0
 
 
+def latest_version(path: str) -> int:
+    """The committed table's latest version, read from its Delta log by deltalake (no Spark job)."""
+    return deltalake.DeltaTable(path).version()
+
+
 def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, DataFrame]:
-    """The table's latest version (read from the Delta log by deltalake: no Spark job, 1-9 s of
-    DESCRIBE HISTORY in a cold JVM) and a DataFrame pinned to it."""
+    """The table's latest version and a DataFrame pinned to it."""
     ensure_table(spark, name, path)
-    version = deltalake.DeltaTable(path).version()
+    version = latest_version(path)
     return version, spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
