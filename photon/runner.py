@@ -286,7 +286,7 @@ def run_until_idle(
         with workspace(instance) as context:
             sensors = loaded_sensors(context)
             for sensor in sensors:
-                instance.start_sensor(sensor)
+                start_sensor(instance, sensor)
             try:
                 while True:
                     drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
@@ -307,6 +307,17 @@ def run_until_idle(
     summary.update(runs=runs, verification=verification, recoveries=recoveries,
                    wall_seconds=round(time.monotonic() - started, 2))
     return summary
+
+
+def start_sensor(instance: dg.DagsterInstance, sensor) -> None:
+    """Marks a sensor running. Sensors of no datacenter (the aggregates refresh, table maintenance)
+    are shared: another datacenter's `photon run` starting on the same instance at the same moment
+    may store the sensor's state between Dagster's check for it and its insert, which then raises;
+    starting it again finds that state and updates it."""
+    try:
+        instance.start_sensor(sensor)
+    except dg.DagsterInvariantViolationError:
+        instance.start_sensor(sensor)
 
 
 def own_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
