@@ -27,6 +27,9 @@ DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
 DELTA_JARS = ("delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar")
 # `sc://HOST:PORT` of the Spark Connect server every run of this deployment uses; unset: local mode.
 SPARK_REMOTE_ENV = "PHOTON_SPARK_REMOTE"
+# Extra options for the JVMs that run the pipeline (a local session's or the Connect server's driver,
+# a cluster's executors), e.g. the C1-only compiling the test suite sets (docs/STACK.md).
+JVM_OPTIONS_ENV = "PHOTON_JVM_OPTIONS"
 
 _session_lock = threading.Lock()
 
@@ -87,7 +90,15 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         # Staged hand-offs (spark_ops/handoff.py) are written a few times a pass: version 2 of the
         # file committer moves task output into place once instead of twice (~0.1 s a write here).
         "spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version": "2",
+        **jvm_options(),
     }
+
+
+def jvm_options() -> dict[str, str]:
+    """PHOTON_JVM_OPTIONS for the driver, and for executors where they are JVMs of their own (a
+    standalone cluster's)."""
+    options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
+    return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options} if options else {}
 
 
 def local_conf(master: str = "local[2]", shuffle_partitions: int = 4, driver_memory: str = DRIVER_MEMORY) -> dict[str, str]:

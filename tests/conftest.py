@@ -1,11 +1,20 @@
-"""Shared fixtures. One Spark session serves the whole suite (a JVM start costs ~8 s on 2 cores)."""
+"""Shared fixtures. One local Spark session serves the whole suite (a JVM start costs ~8 s on 2
+cores), and one Spark Connect server the tests that opt in (`over_spark_connect`): each `photon run`
+they start is then a client of a warm JVM, as a daemon's run is under `photon up`, instead of starting
+and warming a JVM of its own. Under the full suite's workers (scripts/test.sh), each worker has its own."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from resources.spark import delta_session
+from resources.layout import REPO_ROOT
+from resources.spark import SPARK_REMOTE_ENV, delta_session
+from resources.spark_connect import free_port, server_environment, wait_until_serving
 
 # The quick tier (`scripts/test.sh --quick`, a few minutes): pure functions, sensors through
 # build_sensor_context, the registry against real DuckDB, the generator, and one small
@@ -19,6 +28,7 @@ QUICK = (
     "tests/resources/test_recent_queries.py",
     "tests/resources/test_work_unit_log.py",
     "tests/resources/test_ownership.py",
+    "tests/resources/test_spark.py",
     "tests/photon/",
     "tests/spark_ops/test_events.py",
     "tests/spark_ops/test_tables.py",
@@ -29,10 +39,31 @@ QUICK = (
 )
 
 
+# The slowest modules (2 to 16 minutes each in a run on two workers), started first so that
+# the full suite's two workers end together instead of one starting `photon up`'s test last.
+SLOWEST_FIRST = (
+    "tests/e2e/test_datacenters.py",
+    "tests/e2e/test_up.py",
+    "tests/e2e/test_photon_run.py",
+    "tests/photon_assets/test_assets.py",
+    "tests/benchmarks/test_run.py",
+    "tests/e2e/test_ui.py",
+    "tests/e2e/test_cluster.py",
+    "tests/spark_ops/test_event_store.py",
+    "tests/e2e/test_faults.py",
+    "tests/e2e/test_check.py",
+)
+
+
+def start_order(item) -> int:
+    return next((n for n, module in enumerate(SLOWEST_FIRST) if item.nodeid.startswith(module)), len(SLOWEST_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(QUICK):
             item.add_marker(pytest.mark.quick)
+    items.sort(key=start_order)
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +88,50 @@ def write_lines(path: Path, lines: list, torn: str = "") -> Path:
     with open(path, "a", encoding="utf-8") as f:
         f.write(text + torn)
     return path
+
+
+STOP_SECONDS = 30
+
+
+def stop_groups(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM to each process's group, in the order given; SIGKILL to a group still there after 30 s."""
+    for process in processes:
+        os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def start_spark_connect(log: Path, *options: str) -> tuple[subprocess.Popen, str]:
+    """`photon spark-connect` in a process group of its own, once it serves; and its address."""
+    port = free_port()
+    with open(log, "ab") as output:
+        server = subprocess.Popen([sys.executable, "-m", "photon.cli", "spark-connect", "--port", str(port), *options],
+                                  cwd=REPO_ROOT, env=server_environment(), stdout=output, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    remote = f"sc://127.0.0.1:{port}"
+    try:
+        wait_until_serving(remote, server)
+    except BaseException:
+        stop_groups([server])
+        raise
+    return server, remote
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server(tmp_path_factory):
+    server, remote = start_spark_connect(tmp_path_factory.mktemp("connect") / "server.log", "--driver-memory", "4g")
+    try:
+        yield remote
+    finally:
+        stop_groups([server])
+
+
+@pytest.fixture
+def over_spark_connect(spark_connect_server, monkeypatch):
+    """The test's `photon` commands run over the shared Connect server (PHOTON_SPARK_REMOTE)."""
+    monkeypatch.setenv(SPARK_REMOTE_ENV, spark_connect_server)
+    return spark_connect_server

@@ -1,5 +1,6 @@
-"""Smoke runs of `benchmarks/run.py` on tiny workloads: the real `photon run`, DuckDB and the
-generator in subprocesses, results and charts written where asked."""
+"""Smoke runs of `benchmarks/run.py` on tiny workloads: the real `photon run` (a client of the
+suite's Spark Connect server: these check the scripts and the correctness columns, not a mode of
+Spark), DuckDB and the generator in subprocesses, results and charts written where asked."""
 
 import json
 import subprocess
@@ -24,7 +25,7 @@ def bench(tmp_path: Path, *args: str) -> dict:
     return json.loads(written.read_text())
 
 
-def test_backlog_compares_photon_with_duckdb_on_the_same_logs(tmp_path):
+def test_backlog_compares_photon_with_duckdb_on_the_same_logs(tmp_path, over_spark_connect):
     """Both join exactly the generator's joinable clicks (late queries are on disk from the start);
     Photon's output has no duplicate although 1% of the click lines are; its writes are counted."""
     result = bench(tmp_path, "backlog", "--queries", "3000", "--systems", "photon,duckdb")
@@ -40,7 +41,7 @@ def test_backlog_compares_photon_with_duckdb_on_the_same_logs(tmp_path):
     assert set(result["targets"]) >= {"wall_over_duckdb_process", "within_10x_of_duckdb"}
 
 
-def test_live_measures_the_latency_of_every_joined_click(tmp_path):
+def test_live_measures_the_latency_of_every_joined_click(tmp_path, over_spark_connect):
     """While the generator appends, one `photon run --min-seconds` keeps tailing; then Structured
     Streaming tails a second generator run. Every joinable click becomes visible in each system's
     table once and gets a latency (commit time minus click time) that is positive."""

@@ -1,6 +1,6 @@
 """`photon check` end to end, in subprocesses: every asset check through Dagster, recorded in the
 data directory's instance. One workload is generated and run once for the whole module; every command
-is a client of the suite's Spark Connect server (tests/e2e/conftest.py)."""
+is a client of the suite's Spark Connect server (tests/conftest.py)."""
 
 import fcntl
 import json

@@ -2,7 +2,7 @@
 killed (pipelines, the registry server), pipelines of both datacenters run at the same time, an
 output file is deleted behind the pipeline's back. After each scenario the invariants of docs/CONTRACTS.md
 hold: no duplicate, nothing lost once recovery ran (the ground truth of `photon gen` decides). Every
-`photon run` is a client of the suite's Spark Connect server (tests/e2e/conftest.py)."""
+`photon run` is a client of the suite's Spark Connect server (tests/conftest.py)."""
 
 import json
 import os
@@ -224,9 +224,25 @@ def test_pipeline_sigkilled_at_random_moments_then_rerun(tmp_path):
     assert_exactly_once(tmp_path, truth)
 
 
-def test_output_file_lost_behind_the_pipelines_back_is_recovered(tmp_path):
+def test_a_work_unit_failed_for_good_then_an_output_file_lost_are_each_recovered(tmp_path):
+    """Photon §3.3.3: ids registered by a work unit that never wrote its output (it crashed after
+    the commit, and is not retried: max_attempts 1) are found by verification, unregistered and
+    joined again by the recovery job; the failed work unit is then made good. Then a data file of
+    joined_clicks is deleted behind the pipeline's back: the next run finds the storage loss before
+    anything else and joins the clicks it held again."""
     truth = generate(tmp_path)
-    run(tmp_path)
+    settings = {"PHOTON_SETTINGS": json.dumps({"max_attempts": 1})}
+    killed = photon("run", "--data-dir", str(tmp_path), "--until-idle",
+                    env_extra={"PHOTON_FAULT": "after_registry_commit:kill", **settings})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+
+    recovered = run(tmp_path, env_extra=settings)
+    recovery = recovered["recoveries"][0]
+    assert recovery["lost_ids"] > 0 and recovery["reinjected"] == recovery["lost_ids"] + recovery["untracked"]
+    assert len(recovery["recovered_work_units"]) == 1
+    assert_matches_ground_truth(recovered, truth)
+    assert_exactly_once(tmp_path, truth)
+
     table = tmp_path / "warehouse" / "joined_clicks"
     files = sorted(table.glob("*.parquet"), key=lambda p: p.stat().st_size)
     lost = len(DeltaTable(str(table)).to_pyarrow_table(columns=["click_id"]).column("click_id"))
@@ -237,23 +253,5 @@ def test_output_file_lost_behind_the_pipelines_back_is_recovered(tmp_path):
     assert recovery["missing_files"]["joined_clicks"] == 1
     assert 0 < recovery["reinjected"] == recovery["lost_ids"] <= lost
     assert recovery["without_source"] == 0
-    assert_matches_ground_truth(final, truth)
-    assert_exactly_once(tmp_path, truth)
-
-
-def test_work_unit_failed_for_good_after_registry_commit_is_recovered(tmp_path):
-    """Photon §3.3.3: ids registered by a work unit that never wrote its output (it crashed after
-    the commit, and is not retried: max_attempts 1) are found by verification, unregistered and
-    joined again by the recovery job; the failed work unit is then made good."""
-    truth = generate(tmp_path)
-    settings = {"PHOTON_SETTINGS": json.dumps({"max_attempts": 1})}
-    killed = photon("run", "--data-dir", str(tmp_path), "--until-idle",
-                    env_extra={"PHOTON_FAULT": "after_registry_commit:kill", **settings})
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-
-    final = run(tmp_path, env_extra=settings)
-    recovery = final["recoveries"][0]
-    assert recovery["lost_ids"] > 0 and recovery["reinjected"] == recovery["lost_ids"] + recovery["untracked"]
-    assert len(recovery["recovered_work_units"]) == 1
     assert_matches_ground_truth(final, truth)
     assert_exactly_once(tmp_path, truth)

@@ -1,0 +1,15 @@
+"""The settings of the JVM that runs the pipeline reach it the same way in both Spark modes."""
+
+from resources.spark import JVM_OPTIONS_ENV, local_conf
+from resources.spark_connect import server_command
+
+
+def test_jvm_options_from_the_environment_reach_the_driver_and_executors_in_both_modes(monkeypatch):
+    monkeypatch.delenv(JVM_OPTIONS_ENV, raising=False)
+    assert "spark.driver.extraJavaOptions" not in local_conf()
+    assert not any("extraJavaOptions" in arg for arg in server_command(15002))
+
+    monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:TieredStopAtLevel=1")
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        assert local_conf()[key] == "-XX:TieredStopAtLevel=1"
+        assert f"{key}=-XX:TieredStopAtLevel=1" in server_command(15002)
