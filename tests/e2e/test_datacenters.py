@@ -123,9 +123,8 @@ def test_a_killed_datacenters_share_is_taken_over_and_it_resumes_when_back(tmp_p
                    for p in (tmp_path / "logs" / "dc1" / "click").rglob("*.jsonl"))
     pipelines = []
     try:
-        dc1 = start_run(tmp_path, "--datacenters", "dc1", env_extra=env)
-        dc2 = start_run(tmp_path, "--datacenters", "dc2", env_extra=env)
-        pipelines += [dc1, dc2]
+        pipelines.append(dc1 := start_run(tmp_path, "--datacenters", "dc1", env_extra=env))
+        pipelines.append(dc2 := start_run(tmp_path, "--datacenters", "dc2", env_extra=env))
         deadline = time.monotonic() + 600
         while not any(c["dc"] == "dc2" for c in client.work_claims("click", files)):
             assert dc2.poll() is None, f"dc2 exited with status {dc2.returncode}: {dc2.communicate()[1][-3000:]}"
