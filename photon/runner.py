@@ -265,7 +265,8 @@ def run_until_idle(
     MAX_RECOVERY_ROUNDS times. Returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
-    with exclusive(layout, datacenters), registry_service(layout, log), datacenter_leases(layout, datacenters, log):
+    with exclusive(layout, datacenters), registry_service(layout, log) as registry, \
+            datacenter_leases(layout, datacenters, log):
         # Only after the registry child is forked: its `preexec_fn` is not safe while another thread
         # runs (subprocess's documentation), and this one forks the JVM.
         threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
@@ -290,7 +291,7 @@ def run_until_idle(
             try:
                 while True:
                     drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
-                          min_seconds)
+                          registry, min_seconds)
                     verification = verify(instance, layout)
                     if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
                         break
@@ -339,13 +340,18 @@ def pass_order(sensors: list) -> list:
 
 
 def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
-          min_seconds: float = 0.0) -> None:
+          registry: subprocess.Popen | None, min_seconds: float = 0.0) -> None:
     """Sensor passes until two in a row launch nothing and nothing of these datacenters waits, and
-    min_seconds have passed since the start."""
+    min_seconds have passed since the start. Stops when this process's own registry service (None:
+    a service at PHOTON_REGISTRY_ADDRESS, which its operator restarts) exited: nothing would restart
+    it, and every run would fail until the timeout."""
     idle = 0
     while idle < IDLE_PASSES or time.monotonic() - started < min_seconds:
         if time.monotonic() - started > timeout_seconds:
             raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
+        if registry is not None and registry.poll() is not None:
+            raise RunnerError(f"the local registry service exited with status {registry.returncode}; state is kept, "
+                              f"run again to continue; see {registry_log(layout)}")
         pass_started = time.monotonic()
         before = own_runs(instance, datacenters)
         sensor_pass(context, log.getChild("sensors"), pass_order)

@@ -194,6 +194,33 @@ def test_registry_server_killed_and_restarted_mid_run(tmp_path):
     assert_exactly_once(tmp_path, truth)
 
 
+def test_a_photon_runs_own_registry_service_killed_stops_it_with_one_line(tmp_path):
+    """Without PHOTON_REGISTRY_ADDRESS, `photon run` serves the registry from a child process; nothing
+    restarts it, so once it is killed the run stops with a one-line error instead of failing run
+    after run until its timeout (what the external service's test above recovers from, and the
+    photon up test after it, is the exactly-once part)."""
+    generate(tmp_path)
+    pipeline = start_run(tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "state" / "registry.address").exists():
+            assert pipeline.poll() is None and time.monotonic() < deadline, "the registry service did not start"
+            time.sleep(0.1)
+        children = Path(f"/proc/{pipeline.pid}/task/{pipeline.pid}/children").read_text().split()
+        served = [pid for pid in children if b"registry\0serve" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(served) == 1, children
+        os.kill(int(served[0]), signal.SIGKILL)
+        _, err = pipeline.communicate(timeout=120)
+    finally:
+        if pipeline.poll() is None:
+            pipeline.kill()
+            pipeline.wait()
+    assert pipeline.returncode == 1, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith(
+        "photon: error: the local registry service exited with status -9; state is kept, run again to continue; see "
+    ), err[-3000:]
+
+
 def delta_commits(data_dir: Path) -> int:
     """Commits so far across every Delta table of the data directory."""
     return sum(1 for entry in (data_dir / "warehouse").rglob("*.json") if entry.parent.name == "_delta_log")
