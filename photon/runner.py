@@ -27,6 +27,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from photon.check_outcomes import CheckOutcome, outcomes
 from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
 from photon.run_processes import kill_run_process
 from resources.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
@@ -292,7 +293,8 @@ def run_until_idle(
                 while True:
                     drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
                           registry, min_seconds)
-                    verification = verify(instance, layout)
+                    checks = verify(instance, layout)
+                    verification = {check.name: check.passed for check in checks}
                     if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
                         break
                     failed = sorted(name for name, passed in verification.items() if not passed)
@@ -304,7 +306,8 @@ def run_until_idle(
                 for sensor in sensors:
                     instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
         runs = own_runs(instance, datacenters) - first_run
-        summary = summarize(layout, datacenters, instance)
+        accounted = next(check.metadata for check in checks if check.name == "clicks_accounted_for")
+        summary = summarize(layout, datacenters, instance, accounted)
     summary.update(runs=runs, verification=verification, recoveries=recoveries,
                    wall_seconds=round(time.monotonic() - started, 2))
     return summary
@@ -453,11 +456,6 @@ def run_verify_job(instance: dg.DagsterInstance, layout: DataLayout, checks_only
                            asset_check_selection=selection)
 
 
-def verify(instance: dg.DagsterInstance, layout: DataLayout) -> dict[str, bool]:
-    """The `verify` job's verdict per check (see run_verify_job)."""
-    from photon_assets.checks import ALL_CHECKS
-
-    result = run_verify_job(instance, layout)
-    passed = {evaluation.check_name: evaluation.passed for evaluation in result.get_asset_check_evaluations()}
-    # A check that raised (e.g. a table it reads lost a data file) has no evaluation: it failed.
-    return {check.check_key.name: passed.get(check.check_key.name, False) for check in ALL_CHECKS}
+def verify(instance: dg.DagsterInstance, layout: DataLayout) -> list[CheckOutcome]:
+    """The `verify` job's outcome per check (see run_verify_job)."""
+    return outcomes(run_verify_job(instance, layout))

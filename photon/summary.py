@@ -1,7 +1,5 @@
-"""The counts `photon run` reports (docs/CONTRACTS.md: command line), read from the tables and registry."""
+"""The counts `photon run` reports (docs/CONTRACTS.md: command line), read from the tables and the last verification."""
 
-import os
-import shutil
 import time
 
 import dagster as dg
@@ -9,55 +7,43 @@ from pyspark.sql import functions as F
 
 from photon_assets.work_unit import work_units_failed_for_good
 from resources.layout import TABLES, DataLayout
-from resources.registry import registry_resource_from_env
 from resources.spark import spark_session
 from resources.stream_state import EventTimeWatermark
-from spark_ops.handoff import unstage
 from spark_ops.join import CAPPED_REASON, EVENT_STORE_COUNTS
 from spark_ops.tables import read_table, row_count
 
 
-def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance) -> dict:
+def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance, accounted: dict) -> dict:
     """Lines and clicks are counted over every datacenter, each log line once by its file and offset
     (replicas hold the same bytes, and each datacenter reads only its share: resources/ownership.py);
-    queries ingested, runs and their costs are this process's datacenters'."""
+    queries ingested, runs and their costs are this process's datacenters'. `accounted`: the counts of
+    the last verification's clicks_accounted_for check (photon_assets/checks.py, the one home of which
+    clicks are pending), empty if that check raised (its counts are then None)."""
     spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}
-    in_scope = F.col("dc").isin(datacenters)
-    ledger = read_table(spark, "click_ledger", tables["click_ledger"]).persist()
-    staged = layout.staging / f"summary-{os.getpid()}"  # other datacenters' processes summarize too
-    shutil.rmtree(staged, ignore_errors=True)
-    registered = unstage(spark, registry_resource_from_env(str(layout.root)).get().scan(), staged)
     unjoinable = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"])
-    try:
-        lines = ledger.agg(F.count_distinct("file", "offset").alias("seen"), F.count_distinct("click_id").alias("ids")).first()
-        seen, distinct_clicks = lines["seen"], lines["ids"]
-        distinct = ledger.select("click_id").distinct()
-        quarantined = read_table(spark, "quarantined_lines", tables["quarantined_lines"])
-        by_reason = {r["reason"]: r["count"] for r in unjoinable.groupBy("reason").count().collect()}
-        summary = {
-            "clicks_seen": seen,
-            "distinct_clicks": distinct_clicks,
-            "clicks_joined": row_count(spark, "joined_clicks", tables["joined_clicks"]),
-            # Clicks too old for the registry are unjoinable without being registered.
-            "clicks_pending": distinct.join(registered, "click_id", "left_anti")
-            .join(unjoinable.select("click_id"), "click_id", "left_anti").count(),
-            "clicks_unjoinable": sum(by_reason.values()),
-            "unjoinable_by_reason": by_reason,
-            "clicks_capped": by_reason.get(CAPPED_REASON, 0),
-            "duplicate_click_lines": seen - distinct_clicks,
-            "quarantined_lines": quarantined.select("stream", "file", "offset").distinct().count(),
-            "queries_ingested": read_table(spark, "query_logs", tables["query_logs"]).where(in_scope).count(),
-            "datacenters": datacenters,
-            "watermarks": watermarks(layout, datacenters),
-            "failed_work_units": sorted(work_units_failed_for_good(instance)),
-            **materialization_totals(instance, datacenters),
-            "run_cost": run_costs(instance, datacenters),
-        }
-    finally:
-        ledger.unpersist()
-        shutil.rmtree(staged, ignore_errors=True)
-    return summary
+    seen = read_table(spark, "click_ledger", tables["click_ledger"]).agg(
+        F.count_distinct("file", "offset").alias("seen")).first()["seen"]
+    distinct_clicks = accounted.get("distinct_clicks")
+    quarantined = read_table(spark, "quarantined_lines", tables["quarantined_lines"])
+    by_reason = {r["reason"]: r["count"] for r in unjoinable.groupBy("reason").count().collect()}
+    return {
+        "clicks_seen": seen,
+        "distinct_clicks": distinct_clicks,
+        "clicks_joined": row_count(spark, "joined_clicks", tables["joined_clicks"]),
+        "clicks_pending": accounted.get("pending"),
+        "clicks_unjoinable": sum(by_reason.values()),
+        "unjoinable_by_reason": by_reason,
+        "clicks_capped": by_reason.get(CAPPED_REASON, 0),
+        "duplicate_click_lines": None if distinct_clicks is None else seen - distinct_clicks,
+        "quarantined_lines": quarantined.select("stream", "file", "offset").distinct().count(),
+        "queries_ingested": row_count(spark, "query_logs", tables["query_logs"], partitions={"dc": datacenters}),
+        "datacenters": datacenters,
+        "watermarks": watermarks(layout, datacenters),
+        "failed_work_units": sorted(work_units_failed_for_good(instance)),
+        **materialization_totals(instance, datacenters),
+        "run_cost": run_costs(instance, datacenters),
+    }
 
 
 def watermarks(layout: DataLayout, datacenters: list[str]) -> dict:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from functools import reduce
 
 import dagster as dg
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from photon_assets.work_unit import work_units_in_flight
@@ -27,7 +27,7 @@ from spark_ops.handoff import unstage
 from spark_ops.join import CAPPED_REASON
 from spark_ops.pending import pending_of
 from spark_ops.tables import latest_version, read_table
-from spark_ops.verification import confirmed_tokens, settled_ids, unresolved_ids
+from spark_ops.verification import registry_outcomes, settled
 
 LOST_SAMPLE = 20  # lost ids listed in the check's metadata
 
@@ -37,11 +37,9 @@ def registry_frame(spark, registry: IdRegistryResource, warehouse: WarehouseReso
     may verify at the same time), removed on exit."""
     path = warehouse.layout.staging / f"verification-{run_id}"
     shutil.rmtree(path, ignore_errors=True)
-    registered = unstage(spark, registry.get().scan(), path).persist()
     try:
-        yield registered
+        yield unstage(spark, registry.get().scan(), path)
     finally:
-        registered.unpersist()
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -71,24 +69,22 @@ def clicks_accounted_for(
     session = spark.session()
     tables = warehouse.tables()
 
-    def flagged(df: DataFrame, flag: str) -> DataFrame:
-        return df.select("click_id", F.lit(True).alias(flag))
+    def flagged(df: DataFrame, **flags: Column) -> DataFrame:
+        return df.select("click_id", *[column.alias(flag) for flag, column in flags.items()])
 
     with registry_frame(session, registry, warehouse, context.run.run_id) as registered:
-        in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see unresolved_ids
+        in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see registry_outcomes
         ledger = read_table(session, "click_ledger", tables["click_ledger"])
         sources = [
-            flagged(ledger, "seen"),
-            flagged(read_table(session, "joined_clicks", tables["joined_clicks"]), "joined"),
-            flagged(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]), "unjoinable"),
-            flagged(registered, "registered"),
-            flagged(settled_ids(registered, in_flight), "settled"),
-            flagged(pending_of(session, tables["pending_clicks"]), "tracked"),
-            flagged(ledger.where(F.col("work_unit").isin(in_flight)), "read_in_flight"),
+            flagged(ledger, seen=F.lit(True), read_in_flight=F.col("work_unit").isin(in_flight)),
+            flagged(read_table(session, "joined_clicks", tables["joined_clicks"]), joined=F.lit(True)),
+            flagged(read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"]), unjoinable=F.lit(True)),
+            flagged(registered, registered=F.lit(True), settled=settled(in_flight)),
+            flagged(pending_of(session, tables["pending_clicks"]), tracked=F.lit(True)),
         ]
-        flags = [df.columns[1] for df in sources]
-        # One row per click id with a flag per table it is in, and every count from one job (eight
-        # separate joins and counts took 4.6 s of a 2M-query backlog's verification).
+        flags = [flag for df in sources for flag in df.columns[1:]]
+        # One row per click id with a flag per table it is in (each table read once), and every count
+        # from one job (eight separate joins and counts took 4.6 s of a 2M-query backlog's verification).
         by_id = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), sources)
         ids = by_id.groupBy("click_id").agg(*[F.coalesce(F.max(f), F.lit(False)).alias(f) for f in flags])
         seen, joined, unjoinable = F.col("seen"), F.col("joined"), F.col("unjoinable")
@@ -126,23 +122,20 @@ def registry_matches_output(
     session = spark.session()
     tables = warehouse.tables()
     with registry_frame(session, registry, warehouse, context.run.run_id) as registered:
-        in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see unresolved_ids
+        in_flight = sorted(work_units_in_flight(context.instance))  # after the scan: see registry_outcomes
         joined = read_table(session, "joined_clicks", tables["joined_clicks"])
         unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
-        lost = unresolved_ids(registered, joined, unjoinable, in_flight).persist()
-        try:
-            # A Spark job per pair of counts: each job is latency.
-            held = registered.agg(F.count("*").alias("registered_ids"), F.count("token").alias("ids_with_token"))
-            lost_counts = lost.agg(F.count("*").alias("lost_ids"), F.count("token").alias("lost_ids_with_token"))
-            counts = {
-                **held.first().asDict(),
-                **lost_counts.first().asDict(),
-                "tokens_to_clear": confirmed_tokens(registered, joined, unjoinable, in_flight).count(),
-                "work_units_in_flight": len(in_flight),
-            }
-            sample = [row["click_id"] for row in lost.select("click_id").orderBy("click_id").limit(LOST_SAMPLE).collect()]
-        finally:
-            lost.unpersist()
+        outcomes = registry_outcomes(registered, joined, unjoinable, in_flight)
+        lost = F.col("lost")
+        # Every count from one job; the sample only when an id is lost.
+        row = outcomes.agg(
+            F.count("*").alias("registered_ids"), F.count("token").alias("ids_with_token"),
+            F.count_if(lost).alias("lost_ids"), F.count_if(lost & F.col("token").isNotNull()).alias("lost_ids_with_token"),
+            F.count_distinct(F.when(F.col("confirmed"), F.col("token"))).alias("tokens_to_clear"),
+        ).first()
+        counts = {**row.asDict(), "work_units_in_flight": len(in_flight)}
+        sample = [] if not counts["lost_ids"] else [
+            r["click_id"] for r in outcomes.where(lost).select("click_id").orderBy("click_id").limit(LOST_SAMPLE).collect()]
     return dg.AssetCheckResult(
         passed=counts["lost_ids"] == 0,
         metadata={**counts, "lost_click_ids_sample": dg.JsonMetadataValue(sample)},

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 
 
 def stage(df: DataFrame, path: Path) -> ds.Dataset:
@@ -24,7 +25,9 @@ def unstage(spark: SparkSession, answer: pa.RecordBatchReader, path: Path) -> Da
     with pq.ParquetWriter(str(path / "part-0.parquet"), answer.schema) as writer:
         for batch in answer:
             writer.write_batch(batch)
-    return spark.read.parquet(str(path))
+    # Read with the schema it was written with: inferring it is a Spark job of its own. Arrow's
+    # timestamps without a zone are Spark's TIMESTAMP_NTZ, as inference would read them.
+    return spark.read.schema(from_arrow_schema(answer.schema, prefer_timestamp_ntz=True)).parquet(str(path))
 
 
 def materialize(df: DataFrame, path: Path) -> DataFrame:

@@ -246,15 +246,22 @@ def read_table(spark: SparkSession, name: str, path: str) -> DataFrame:
     return spark.read.format("delta").load(path)
 
 
-def row_count(spark: SparkSession, name: str, path: str) -> int:
-    """Rows of a Delta table (created empty if no run wrote it yet), summed from the row counts its
-    log records for each data file. The `deltalake` reader reads the log in tens of milliseconds, where
-    a Spark count of the same statistics is a job or more (~0.3-1 s a table in a click run); Spark
-    counts if a file has no statistics."""
+def row_count(spark: SparkSession, name: str, path: str, partitions: dict[str, list[str]] | None = None) -> int:
+    """Rows of a Delta table (created empty if no run wrote it yet), or of its partitions whose values
+    are among `partitions` (column -> values), summed from the row counts its log records for each
+    data file. The `deltalake` reader reads the log in tens of milliseconds, where a Spark count of
+    the same statistics is a job or more (~0.3-1 s a table in a click run); Spark counts if a file
+    has no statistics."""
     ensure_table(spark, name, path)
-    records = pa.table(deltalake.DeltaTable(path).get_add_actions(flatten=True)).column("num_records")
+    files = pa.table(deltalake.DeltaTable(path).get_add_actions(flatten=True))
+    for column, values in (partitions or {}).items():
+        files = files.filter(pc.is_in(files[f"partition.{column}"], pa.array(values, pa.string())))
+    records = files.column("num_records")
     if records.null_count:
-        return read_table(spark, name, path).count()
+        rows = read_table(spark, name, path)
+        for column, values in (partitions or {}).items():
+            rows = rows.where(F.col(column).isin(values))
+        return rows.count()
     return pc.sum(records).as_py() or 0
 
 

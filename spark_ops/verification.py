@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import deltalake
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
@@ -51,18 +51,30 @@ def repair_table(spark: SparkSession, name: str, path: str) -> int:
     return len(missing)
 
 
-def settled_ids(registered: DataFrame, in_flight: list[str]) -> DataFrame:
-    """Registered ids whose work unit is not in flight: their output must be there."""
-    return registered.where(F.col("token").isNull() | ~F.col("token").isin(in_flight))
+def settled(in_flight: list[str]) -> Column:
+    """Whether a registered id's work unit (its `token`) is not in flight: its output must be there."""
+    return F.col("token").isNull() | ~F.col("token").isin(in_flight)
+
+
+def registry_outcomes(registered: DataFrame, joined: DataFrame, unjoinable: DataFrame, in_flight: list[str]) -> DataFrame:
+    """Registered ids (click_id, timestamp_us, token), each with `lost`: no output, and its work unit
+    is not in flight; and `confirmed`: its output is there, and a finished work unit's token still
+    holds it (a work unit that wrote its output but died before clearing its tokens). `in_flight`
+    must be read after the registry was scanned, so that a work unit that registered ids after it was
+    read cannot look finished."""
+    resolved = (joined.select("click_id").unionByName(unjoinable.select("click_id")).distinct()
+                .withColumn("has_output", F.lit(True)))
+    has_output = F.col("has_output").isNotNull()
+    done = settled(in_flight)
+    return registered.join(resolved, "click_id", "left").select(
+        *registered.columns, (done & ~has_output).alias("lost"),
+        (F.col("token").isNotNull() & done & has_output).alias("confirmed"),
+    )
 
 
 def unresolved_ids(registered: DataFrame, joined: DataFrame, unjoinable: DataFrame, in_flight: list[str]) -> DataFrame:
-    """Registered ids (click_id, timestamp_us, token) with no output whose work unit is not in
-    flight: lost. `in_flight` must be read after the registry was scanned, so that a work unit
-    that registered ids after it was read cannot look finished."""
-    settled = settled_ids(registered, in_flight)
-    resolved = joined.select("click_id").unionByName(unjoinable.select("click_id"))
-    return settled.join(resolved, "click_id", "left_anti")
+    """Registered ids (click_id, timestamp_us, token) that are lost (registry_outcomes)."""
+    return registry_outcomes(registered, joined, unjoinable, in_flight).where("lost").select(*registered.columns)
 
 
 def untracked_clicks(
@@ -73,9 +85,8 @@ def untracked_clicks(
     are neither registered, joined, unjoinable nor pending: a click work unit that failed for good
     before it recorded its pending clicks. Recovery re-injects them like lost ids. (Joined clicks
     count even if the registry no longer holds them: its garbage collection forgets old ids.)"""
-    settled = ledger.where(~F.col("work_unit").isin(in_flight))
     return (
-        settled.groupBy("click_id").agg(F.min("work_unit").alias("token"))
+        ledger.where(~F.col("work_unit").isin(in_flight)).groupBy("click_id").agg(F.min("work_unit").alias("token"))
         .join(registered.select("click_id"), "click_id", "left_anti")
         .join(joined.select("click_id"), "click_id", "left_anti")
         .join(unjoinable.select("click_id"), "click_id", "left_anti")
@@ -84,15 +95,8 @@ def untracked_clicks(
 
 
 def confirmed_tokens(registered: DataFrame, joined: DataFrame, unjoinable: DataFrame, in_flight: list[str]) -> DataFrame:
-    """Tokens (one column `token`) of finished work units that still hold ids whose output is
-    confirmed: a work unit that wrote its output but died before clearing its tokens."""
-    resolved = joined.select("click_id").unionByName(unjoinable.select("click_id"))
-    return (
-        registered.where(F.col("token").isNotNull() & ~F.col("token").isin(in_flight))
-        .join(resolved, "click_id", "left_semi")
-        .select("token")
-        .distinct()
-    )
+    """Tokens (one column `token`) that still hold confirmed ids (registry_outcomes)."""
+    return registry_outcomes(registered, joined, unjoinable, in_flight).where("confirmed").select("token").distinct()
 
 
 def reinjected_clicks(lost: DataFrame, ledger: DataFrame, recovery_unit: str) -> DataFrame:
