@@ -18,13 +18,14 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     (replicas hold the same bytes, and each datacenter reads only its share: resources/ownership.py);
     queries ingested, runs and their costs are this process's datacenters'. `accounted`: the counts of
     the last verification's clicks_accounted_for check (photon_assets/checks.py, the one home of which
-    clicks are pending), empty if that check raised (its counts are then None)."""
+    clicks are pending), empty if that check raised (the pending count is then None)."""
     spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}
     unjoinable = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"])
-    seen = read_table(spark, "click_ledger", tables["click_ledger"]).agg(
-        F.count_distinct("file", "offset").alias("seen")).first()["seen"]
-    distinct_clicks = accounted.get("distinct_clicks")
+    # Lines and distinct clicks from one read: another datacenter's pipeline may still be appending.
+    lines = read_table(spark, "click_ledger", tables["click_ledger"]).agg(
+        F.count_distinct("file", "offset").alias("seen"), F.count_distinct("click_id").alias("ids")).first()
+    seen, distinct_clicks = lines["seen"], lines["ids"]
     quarantined = read_table(spark, "quarantined_lines", tables["quarantined_lines"])
     by_reason = {r["reason"]: r["count"] for r in unjoinable.groupBy("reason").count().collect()}
     return {
@@ -35,7 +36,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
         "clicks_unjoinable": sum(by_reason.values()),
         "unjoinable_by_reason": by_reason,
         "clicks_capped": by_reason.get(CAPPED_REASON, 0),
-        "duplicate_click_lines": None if distinct_clicks is None else seen - distinct_clicks,
+        "duplicate_click_lines": seen - distinct_clicks,
         "quarantined_lines": quarantined.select("stream", "file", "offset").distinct().count(),
         "queries_ingested": row_count(spark, "query_logs", tables["query_logs"], partitions={"dc": datacenters}),
         "datacenters": datacenters,
