@@ -170,6 +170,13 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def stop_if_exited(name: str, process: subprocess.Popen, log: Path, hint: str = "") -> None:
+    """A child this process depends on and nothing restarts (the local registry service, `photon
+    up`'s components) stops it once it exited: RunnerError naming it, its exit status and its log."""
+    if process.poll() is not None:
+        raise RunnerError(f"{name} exited with status {process.returncode}; {hint}see {log}")
+
+
 def registry_log(layout: DataLayout) -> Path:
     return layout.root / "state" / "registry.log"
 
@@ -306,8 +313,7 @@ def run_until_idle(
                 for sensor in sensors:
                     instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
         runs = own_runs(instance, datacenters) - first_run
-        accounted = next(check.metadata for check in checks if check.name == "clicks_accounted_for")
-        summary = summarize(layout, datacenters, instance, accounted)
+        summary = summarize(layout, datacenters, instance, pending_clicks(checks))
     summary.update(runs=runs, verification=verification, recoveries=recoveries,
                    wall_seconds=round(time.monotonic() - started, 2))
     return summary
@@ -352,9 +358,9 @@ def drain(instance, context, sensors, layout, datacenters, log, started, timeout
     while idle < IDLE_PASSES or time.monotonic() - started < min_seconds:
         if time.monotonic() - started > timeout_seconds:
             raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
-        if registry is not None and registry.poll() is not None:
-            raise RunnerError(f"the local registry service exited with status {registry.returncode}; state is kept, "
-                              f"run again to continue; see {registry_log(layout)}")
+        if registry is not None:
+            stop_if_exited("the local registry service", registry, registry_log(layout),
+                           "state is kept, run again to continue; ")
         pass_started = time.monotonic()
         before = own_runs(instance, datacenters)
         sensor_pass(context, log.getChild("sensors"), pass_order)
@@ -454,6 +460,15 @@ def run_verify_job(instance: dg.DagsterInstance, layout: DataLayout, checks_only
     with tables_locked([layout.table(name) for name in TABLES]):
         return execute_job(instance, VERIFY_JOB, tags=tags or {"photon/kind": "verify"},
                            asset_check_selection=selection)
+
+
+def pending_clicks(checks: list[CheckOutcome]) -> int | None:
+    """The pending clicks clicks_accounted_for counted (photon_assets/checks.py, the one home of which
+    clicks are pending); None if that check raised."""
+    from photon_assets.checks import clicks_accounted_for
+
+    name = clicks_accounted_for.check_key.name
+    return next(check.metadata.get("pending") for check in checks if check.name == name)
 
 
 def verify(instance: dg.DagsterInstance, layout: DataLayout) -> list[CheckOutcome]:

@@ -13,12 +13,12 @@ from spark_ops.join import CAPPED_REASON, EVENT_STORE_COUNTS
 from spark_ops.tables import read_table, row_count
 
 
-def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance, accounted: dict) -> dict:
+def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance,
+              clicks_pending: int | None) -> dict:
     """Lines and clicks are counted over every datacenter, each log line once by its file and offset
     (replicas hold the same bytes, and each datacenter reads only its share: resources/ownership.py);
-    queries ingested, runs and their costs are this process's datacenters'. `accounted`: the counts of
-    the last verification's clicks_accounted_for check (photon_assets/checks.py, the one home of which
-    clicks are pending), empty if that check raised (the pending count is then None)."""
+    queries ingested, runs and their costs are this process's datacenters'. `clicks_pending`: as the
+    last verification counted them (photon/runner.py: pending_clicks)."""
     spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}
     unjoinable = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"])
@@ -32,7 +32,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
         "clicks_seen": seen,
         "distinct_clicks": distinct_clicks,
         "clicks_joined": row_count(spark, "joined_clicks", tables["joined_clicks"]),
-        "clicks_pending": accounted.get("pending"),
+        "clicks_pending": clicks_pending,
         "clicks_unjoinable": sum(by_reason.values()),
         "unjoinable_by_reason": by_reason,
         "clicks_capped": by_reason.get(CAPPED_REASON, 0),

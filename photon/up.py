@@ -36,7 +36,7 @@ import dagster as dg
 
 from photon.runner import (
     RunnerError, die_with_parent, exclusive, fail_orphaned_runs, headless_instance, prepare_environment,
-    datacenter_leases, registry_log, registry_service,
+    datacenter_leases, registry_log, registry_service, stop_if_exited,
 )
 from photon.run_processes import process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC
@@ -113,8 +113,7 @@ def stop(components: list[Component], log: logging.Logger) -> None:
 def wait_for_webserver(url: str, webserver: Component) -> None:
     deadline = time.monotonic() + WEBSERVER_START_SECONDS
     while time.monotonic() < deadline:
-        if webserver.process.poll() is not None:
-            raise RunnerError(f"dagster-webserver exited with status {webserver.process.returncode}; see {webserver.log}")
+        stop_if_exited(webserver.name, webserver.process, webserver.log)
         try:
             with urllib.request.urlopen(f"{url}/server_info", timeout=2):
                 return
@@ -189,9 +188,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             reaped = time.monotonic()
             while not stopping:
                 for component in watched:
-                    if component.process.poll() is not None:
-                        raise RunnerError(f"{component.name} exited with status {component.process.returncode}; "
-                                          f"see {component.log}")
+                    stop_if_exited(component.name, component.process, component.log)
                 if time.monotonic() - reaped > REAP_EVERY_SECONDS:
                     for run_id in fail_dead_runs(instance, datacenters):
                         log.warning("run %s: its process died; marked failed, its work unit will be retried", run_id)
