@@ -86,6 +86,11 @@ def assert_exactly_once(data_dir: Path, truth: dict) -> None:
     assert set(ids) == set(truth["joinable_click_ids"])
 
 
+def table_versions(data_dir: Path) -> dict[str, int]:
+    return {table.name: DeltaTable(str(table)).version() for table in (data_dir / "warehouse").iterdir()
+            if (table / "_delta_log").is_dir()}
+
+
 def test_both_datacenters_at_once_share_the_work_without_waste(tmp_path):
     truth = generate(tmp_path, "--datacenters", "dc1,dc2", "--rotate-bytes", "4096")  # files to share
     registry = RegistryServer(tmp_path, free_port()).start()
@@ -94,13 +99,15 @@ def test_both_datacenters_at_once_share_the_work_without_waste(tmp_path):
         dc1 = start_run(tmp_path, "--datacenters", "dc1", env_extra=env)
         dc2 = start_run(tmp_path, "--datacenters", "dc2", env_extra=env)
         first, second = finished(dc1), finished(dc2)
+        versions = table_versions(tmp_path)
         # Verified again once both are done: each verified while the other may still have been joining.
+        # With nothing new, the run adds nothing, not even a table version.
         final = run(tmp_path, "--datacenters", "dc1", env_extra=env)
     finally:
         registry.stop()
     assert_matches_ground_truth(final, truth)
     assert_exactly_once(tmp_path, truth)
-    assert final["runs"] == 0
+    assert final["runs"] == 0 and table_versions(tmp_path) == versions
     joiners = [first["joiner_by_dc"]["dc1"], second["joiner_by_dc"]["dc2"]]
     assert sum(j["joined"] for j in joiners) == truth["joinable_clicks"]
     # Active-active (resources/ownership.py): each joined its own share of the files and skipped the
