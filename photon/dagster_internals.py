@@ -4,7 +4,10 @@ sensor daemon's iteration in process, or to open an instance with overrides.
 - `sensor_pass`: the daemon's own sensor iteration (`dagster._daemon.sensor.execute_sensor_iteration`),
   so that ticks, cursors, run keys and tick resumption behave in `photon run` exactly as under
   `dagster-daemon`; the daemon's shuffle of a pass's sensors (`shuffled_round_robin_by_key`, for
-  fairness between code locations) is replaced by a fixed order for the pass.
+  fairness between code locations) is replaced by a fixed order for the pass, and its minimum
+  interval check (`is_under_min_interval`) lets every sensor due at the pass's pace tick: the daemon
+  measures a sensor's interval from its last tick's start, so in passes a second apart a sensor
+  ticked late in one pass would be skipped in the next.
 - `in_process_workspace` / `remote_sensors`: the code location loaded in this process.
 - `instance_at`: the data directory's instance, with `photon run`'s in-process run launcher
   (`SyncInMemoryRunLauncher`) and immediate run coordinator when asked.
@@ -67,18 +70,23 @@ def remote_sensors(context: WorkspaceProcessContext) -> tuple[list, list[str]]:
 
 
 @contextmanager
-def _pass_order(order: Callable[[list], list]):
-    shuffle = sensor_daemon.shuffled_round_robin_by_key
+def _pass_rules(order: Callable[[list], list], pace_seconds: float):
+    shuffle, under_interval = sensor_daemon.shuffled_round_robin_by_key, sensor_daemon.is_under_min_interval
     sensor_daemon.shuffled_round_robin_by_key = lambda sensors, key: order(list(sensors))
+    sensor_daemon.is_under_min_interval = lambda state, sensor, *args, **kwargs: (
+        (sensor.min_interval_seconds or 0) > pace_seconds and under_interval(state, sensor, *args, **kwargs))
     try:
         yield
     finally:
-        sensor_daemon.shuffled_round_robin_by_key = shuffle
+        sensor_daemon.shuffled_round_robin_by_key, sensor_daemon.is_under_min_interval = shuffle, under_interval
 
 
-def sensor_pass(context: WorkspaceProcessContext, logger: logging.Logger, order: Callable[[list], list]) -> None:
-    """One iteration of the daemon's sensor loop over every sensor, in `order`, synchronously."""
-    with _pass_order(order):
+def sensor_pass(context: WorkspaceProcessContext, logger: logging.Logger, order: Callable[[list], list],
+                pace_seconds: float) -> None:
+    """One iteration of the daemon's sensor loop, synchronously, in `order`: every running sensor
+    whose minimum interval is at most `pace_seconds` (the caller's passes are that far apart) ticks,
+    the others when their interval has passed."""
+    with _pass_rules(order, pace_seconds):
         for _ in sensor_daemon.execute_sensor_iteration(
             context, logger, threadpool_executor=None, submit_threadpool_executor=None
         ):

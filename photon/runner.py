@@ -43,8 +43,10 @@ from photon_assets.jobs import VERIFY_JOB
 from photon_assets.work_unit import PENDING, TAG_DC, UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
 from spark_ops.tables import table_committed, tables_locked
 
-IDLE_PASSES = 2  # consecutive sensor passes that launch nothing before the pipeline counts as idle
-PASS_INTERVAL_SECONDS = 1.05  # just over the sensors' minimum interval, so each pass ticks each one
+# Sensor passes in a row that launch nothing before the pipeline counts as idle: one, as every sensor
+# ticks in every pass (photon/dagster_internals.py: sensor_pass) and a pass's sensors run in PASS_ORDER.
+IDLE_PASSES = 1
+PASS_INTERVAL_SECONDS = 1.05  # passes start at least this far apart; sensors due every second tick in each
 
 DAGSTER_YAML = """\
 # Instance of this data directory, used by `dagster dev` / `dagster-daemon` (see README).
@@ -266,9 +268,9 @@ def run_until_idle(
     layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING",
     min_seconds: float = 0.0,
 ) -> dict:
-    """Ticks every dispatcher until a pass launches nothing twice in a row and no failed work unit
-    waits for a retry, and at least `min_seconds` have passed (logs still being written: the
-    pipeline keeps tailing them meanwhile); then verifies the output. When verification fails, the
+    """Ticks every dispatcher until a pass launches nothing and no failed work unit waits for a
+    retry, and at least `min_seconds` have passed (logs still being written: the pipeline keeps
+    tailing them meanwhile); then verifies the output. When verification fails, the
     recovery job runs and the pipeline goes on (the re-injected clicks are pending clicks), up to
     MAX_RECOVERY_ROUNDS times. Returns the summary."""
     started = time.monotonic()
@@ -350,7 +352,7 @@ def pass_order(sensors: list) -> list:
 
 def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
           registry: subprocess.Popen | None, min_seconds: float = 0.0) -> None:
-    """Sensor passes until two in a row launch nothing and nothing of these datacenters waits, and
+    """Sensor passes until IDLE_PASSES in a row launch nothing and nothing of these datacenters waits, and
     min_seconds have passed since the start. Stops when this process's own registry service (None:
     a service at PHOTON_REGISTRY_ADDRESS, which its operator restarts) exited: nothing would restart
     it, and every run would fail until the timeout."""
@@ -363,7 +365,7 @@ def drain(instance, context, sensors, layout, datacenters, log, started, timeout
                            "state is kept, run again to continue; ")
         pass_started = time.monotonic()
         before = own_runs(instance, datacenters)
-        sensor_pass(context, log.getChild("sensors"), pass_order)
+        sensor_pass(context, log.getChild("sensors"), pass_order, PASS_INTERVAL_SECONDS)
         launched = own_runs(instance, datacenters) - before
         retrying = [u for u in work_units_awaiting_retry(instance) if u.split(".")[0] in datacenters]
         waiting = retrying or dispatchers_waiting(instance, sensors, layout, datacenters)

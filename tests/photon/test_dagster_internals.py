@@ -2,12 +2,15 @@
 photon/dagster_internals.py relies on (an import error names a moved one)."""
 
 import inspect
+import logging
+import time
 
 import dagster._daemon.sensor as sensor_daemon
 
-from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors
+from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
 from photon.runner import DAGSTER_YAML
 from resources.layout import DATA_DIR_ENV, REPO_ROOT
+from sensors.freshness import FRESHNESS_SENSOR
 
 
 def test_the_daemon_sensor_iteration_takes_what_sensor_pass_passes():
@@ -39,3 +42,27 @@ def test_the_code_location_loads_in_process_with_its_dispatchers(tmp_path, monke
         "click_aggregates_refresher", "click_log_dispatcher_dc1", "joined_clicks_freshness_sensor",
         "pending_click_dispatcher_dc1", "query_log_dispatcher_dc1", "table_maintenance",
     ]
+
+
+def test_the_daemon_skips_a_sensor_through_the_interval_check_sensor_pass_replaces():
+    assert "is_under_min_interval(" in inspect.getsource(sensor_daemon.execute_sensor_iteration)
+    assert list(inspect.signature(sensor_daemon.is_under_min_interval).parameters)[:2] == ["state", "remote_sensor"]
+
+
+def test_every_sensor_due_at_the_pace_ticks_in_each_pass(tmp_path, monkeypatch):
+    """Passes a pace apart: the daemon alone would skip, in the second, every sensor whose tick in the
+    first started less than its one-second interval before it (all but the first few)."""
+    (tmp_path / "logs" / "dc1").mkdir(parents=True)
+    (tmp_path / "dagster").mkdir()
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    instance = instance_at(tmp_path / "dagster")
+    with in_process_workspace(instance, "definitions", REPO_ROOT, "photon") as context:
+        sensors = [s for s in remote_sensors(context)[0] if s.name != FRESHNESS_SENSOR]
+        for sensor in sensors:
+            instance.start_sensor(sensor)
+        for _ in range(2):
+            started = time.monotonic()
+            sensor_pass(context, logging.getLogger("test"), list, pace_seconds=1.05)
+            time.sleep(max(0.0, 1.05 - (time.monotonic() - started)))
+    ticks = {s.name: len(instance.get_ticks(s.get_remote_origin_id(), s.selector_id)) for s in sensors}
+    assert ticks == {s.name: 2 for s in sensors}
