@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 
 from photon.check_outcomes import CheckOutcome, outcomes
 from resources.layout import DataLayout
@@ -37,14 +36,11 @@ def run_checks(layout: DataLayout, datacenters: list[str], log: logging.Logger,
     """Runs every check as one recorded run of the data directory's instance; returns the outcomes
     and the run id. Raises RunnerError when a `photon run` owns one of the datacenters, or the
     registry is served by another process."""
-    from photon.runner import (
-        exclusive, headless_instance, prepare_environment, registry_service, run_verify_job, start_spark_session,
-    )
+    from photon.runner import exclusive, headless_instance, prepare_environment, registry_service, run_verify_job
 
     prepare_environment(layout, datacenters, run_log_level)
+    # No Spark session: the checks read the tables with DuckDB (spark_ops/verification.py).
     with exclusive(layout, datacenters), registry_service(layout, log):
-        # The JVM starts while the instance and the definitions load (after the registry's fork).
-        threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
         instance = headless_instance(layout)
         result = run_verify_job(instance, layout, checks_only=True, tags=CHECK_TAGS)
         return outcomes(result), result.run_id

@@ -68,7 +68,6 @@ def parser() -> argparse.ArgumentParser:
                                          " during the checks (default: all of them)")
     c.add_argument("--json", action="store_true", help="print the outcome as one JSON object, last line")
     c.add_argument("--verbose", action="store_true", help="log every run event")
-    add_spark_remote(c)
 
     sc = commands.add_parser("spark-connect", help="serve a Spark Connect server with Delta until SIGTERM/SIGINT"
                                                    " (for --spark-remote / PHOTON_SPARK_REMOTE)")
@@ -221,7 +220,6 @@ def command_check(args) -> int:
     from photon.check import ensure_checkable, report, run_checks
     from photon.runner import RunnerError
 
-    use_spark_remote(args.spark_remote)
     layout = DataLayout(args.data_dir.resolve())
     ensure_checkable(layout)
     datacenters = choose_datacenters(layout, args.datacenters)

@@ -1,16 +1,17 @@
-"""The counts `photon run` reports (docs/CONTRACTS.md: command line), read from the tables and the last verification."""
+"""The counts `photon run` reports (docs/CONTRACTS.md: command line), read from the tables (by DuckDB over
+the deltalake reader, and the Delta log's row counts: no Spark job) and the last verification."""
 
 import time
 
 import dagster as dg
-from pyspark.sql import functions as F
+import duckdb
 
 from photon_assets.work_unit import work_units_failed_for_good
 from resources.layout import TABLES, DataLayout
 from resources.spark import spark_session
 from resources.stream_state import EventTimeWatermark
 from spark_ops.join import CAPPED_REASON, EVENT_STORE_COUNTS
-from spark_ops.tables import read_table, row_count
+from spark_ops.tables import delta_rows, one_row, row_count
 
 
 def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance,
@@ -21,13 +22,18 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     last verification counted them (photon/runner.py: pending_clicks)."""
     spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}
-    unjoinable = read_table(spark, "unjoinable_clicks", tables["unjoinable_clicks"])
-    # Lines and distinct clicks from one read: another datacenter's pipeline may still be appending.
-    lines = read_table(spark, "click_ledger", tables["click_ledger"]).agg(
-        F.count_distinct("file", "offset").alias("seen"), F.count_distinct("click_id").alias("ids")).first()
+    con = duckdb.connect()
+    try:
+        for name in ("click_ledger", "unjoinable_clicks", "quarantined_lines"):
+            con.register(name, delta_rows(name, tables[name]))
+        # Lines and distinct clicks from one read: another datacenter's pipeline may still be appending.
+        lines = one_row(con, 'SELECT count(DISTINCT (file, "offset")) AS seen, count(DISTINCT click_id) AS ids '
+                             'FROM click_ledger')
+        by_reason = dict(con.sql("SELECT reason, count(*) FROM unjoinable_clicks GROUP BY reason").fetchall())
+        quarantined = one_row(con, 'SELECT count(DISTINCT (stream, file, "offset")) AS lines FROM quarantined_lines')
+    finally:
+        con.close()
     seen, distinct_clicks = lines["seen"], lines["ids"]
-    quarantined = read_table(spark, "quarantined_lines", tables["quarantined_lines"])
-    by_reason = {r["reason"]: r["count"] for r in unjoinable.groupBy("reason").count().collect()}
     return {
         "clicks_seen": seen,
         "distinct_clicks": distinct_clicks,
@@ -37,7 +43,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
         "unjoinable_by_reason": by_reason,
         "clicks_capped": by_reason.get(CAPPED_REASON, 0),
         "duplicate_click_lines": seen - distinct_clicks,
-        "quarantined_lines": quarantined.select("stream", "file", "offset").distinct().count(),
+        "quarantined_lines": quarantined["lines"],
         "queries_ingested": row_count(spark, "query_logs", tables["query_logs"], partitions={"dc": datacenters}),
         "datacenters": datacenters,
         "watermarks": watermarks(layout, datacenters),

@@ -18,7 +18,6 @@ import shutil
 import dagster as dg
 from pyspark.sql import functions as F
 
-from photon_assets.checks import registry_frame
 from photon_assets.clicks import pending_policy
 from photon_assets.jobs import REGISTRY_TAGS
 from photon_assets.work_unit import (
@@ -36,17 +35,19 @@ from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from resources.stream_state import QueryProgress
 from spark_ops.aggregates import refresh_aggregates
-from spark_ops.handoff import stage
+from spark_ops.handoff import stage, unstage
 from spark_ops.pending import pending_of
 from spark_ops.tables import read_table
 from spark_ops.verification import (
     RECOVERY_UNIT_PREFIX,
     add_pending,
     confirmed_tokens,
+    lost_ids,
     reinjected_clicks,
     repair_table,
-    unresolved_ids,
     untracked_clicks,
+    verification_db,
+    verified_tables,
 )
 
 RECOVER_JOB = "recover_lost_clicks"
@@ -78,39 +79,41 @@ def recover_clicks(
         held.append(df.persist())
         return df
 
-    with registry_frame(session, registry, warehouse, context.run_id) as registered:
-        try:
-            in_flight = sorted(work_units_in_flight(context.instance))  # after the scan
-            joined = read_table(session, "joined_clicks", tables["joined_clicks"])
-            unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
-            failed = runs_failed_for_good(context.instance)
-            lost = keep(unresolved_ids(registered, joined, unjoinable, in_flight))
-            ledger = read_table(session, "click_ledger", tables["click_ledger"])
-            pending = pending_of(session, tables["pending_clicks"])
-            untracked = keep(untracked_clicks(ledger, registered, joined, unjoinable, pending, in_flight))
-            to_reinject = lost.select("click_id", "token").unionByName(untracked)
-            reinjected = keep(reinjected_clicks(to_reinject, ledger, f"{RECOVERY_UNIT_PREFIX}.{context.run_id}"))
-            tokens = [row["token"] for row in confirmed_tokens(registered, joined, unjoinable, in_flight).collect()]
-            counts = {"lost_ids": lost.count(), "untracked": untracked.count(), "reinjected": reinjected.count(),
-                      "unregistered": 0}
-            counts["without_source"] = counts["lost_ids"] + counts["untracked"] - counts["reinjected"]
-            # Before the write: it changes pending_clicks, which `untracked` was computed from.
-            dcs = sorted(row["dc"] for row in reinjected.select("dc").distinct().collect())
-            if counts["reinjected"]:
-                add_pending(session, tables["pending_clicks"], reinjected)
-                counts["unregistered"] = ids.delete(
-                    stage(reinjected.select("click_id", "timestamp_us"), staged / "unregister")
-                )
-            cleared = sum(ids.clear_tokens(token) for token in tokens)
-            recovered_units = []
-            for record in failed:
-                if clicks_accounted(session, tables, record):
-                    mark_recovered(context.instance, record, context.run_id)
-                    recovered_units.append(record.dagster_run.tags[TAG_WORK_UNIT])
-        finally:
-            for df in held:
-                df.unpersist()
-            shutil.rmtree(staged, ignore_errors=True)
+    registered_ids = ids.scan().read_all()
+    in_flight = sorted(work_units_in_flight(context.instance))  # after the scan (verification_db)
+    with verification_db(verified_tables(tables), registered_ids, in_flight) as db:
+        lost_rows, tokens = lost_ids(db), confirmed_tokens(db)
+    try:
+        registered = unstage(session, registered_ids.to_reader(), staged / "registered")
+        joined = read_table(session, "joined_clicks", tables["joined_clicks"])
+        unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
+        failed = runs_failed_for_good(context.instance)
+        lost = session.createDataFrame(lost_rows.select(["click_id", "token"]))
+        ledger = read_table(session, "click_ledger", tables["click_ledger"])
+        pending = pending_of(session, tables["pending_clicks"])
+        untracked = keep(untracked_clicks(ledger, registered, joined, unjoinable, pending, in_flight))
+        to_reinject = lost.unionByName(untracked)
+        reinjected = keep(reinjected_clicks(to_reinject, ledger, f"{RECOVERY_UNIT_PREFIX}.{context.run_id}"))
+        counts = {"lost_ids": lost_rows.num_rows, "untracked": untracked.count(), "reinjected": reinjected.count(),
+                  "unregistered": 0}
+        counts["without_source"] = counts["lost_ids"] + counts["untracked"] - counts["reinjected"]
+        # Before the write: it changes pending_clicks, which `untracked` was computed from.
+        dcs = sorted(row["dc"] for row in reinjected.select("dc").distinct().collect())
+        if counts["reinjected"]:
+            add_pending(session, tables["pending_clicks"], reinjected)
+            counts["unregistered"] = ids.delete(
+                stage(reinjected.select("click_id", "timestamp_us"), staged / "unregister")
+            )
+        cleared = sum(ids.clear_tokens(token) for token in tokens)
+        recovered_units = []
+        for record in failed:
+            if clicks_accounted(session, tables, record):
+                mark_recovered(context.instance, record, context.run_id)
+                recovered_units.append(record.dagster_run.tags[TAG_WORK_UNIT])
+    finally:
+        for df in held:
+            df.unpersist()
+        shutil.rmtree(staged, ignore_errors=True)
     # The pending-click dispatchers of these datacenters act on their digests.
     for dc in dcs:
         policy = pending_policy(QueryProgress.load(layout.query_progress_file(dc)), settings)

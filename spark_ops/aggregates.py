@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import deltalake
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,7 +25,8 @@ import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_ops.tables import TABLE_SCHEMAS, ensure_table, latest_snapshot, overwrite, overwrite_where, table_lock
+from spark_ops.tables import (TABLE_SCHEMAS, delta_rows, ensure_table, latest_snapshot, no_rows, one_row, overwrite,
+                              overwrite_where, table_committed, table_lock)
 
 KEYS = ["advertiser_id", "minute"]
 VERSION_NOTE = "joined_clicks_version="
@@ -55,12 +57,30 @@ def commit_note(spark: SparkSession, note: str) -> Iterator[None]:
         spark.conf.unset(USER_METADATA)
 
 
-def aggregates_snapshot(spark: SparkSession, aggregates_path: str) -> tuple[int | None, DataFrame]:
-    """click_aggregates pinned to its latest version, and the joined_clicks version its latest refresh
-    made it the aggregation of (None: unknown)."""
-    ensure_table(spark, "click_aggregates", aggregates_path)
-    through, version = refreshed_through(aggregates_path)
-    return through, spark.read.format("delta").option("versionAsOf", version).load(aggregates_path)
+def compared_with_joined(aggregates_path: str, joined_path: str) -> dict:
+    """click_aggregates at its latest version against the aggregation of joined_clicks at the version
+    its latest refresh names (none named: of no rows), computed apart from the refresh's, by DuckDB
+    over the tables as deltalake reads them (no Spark job). Returns `mismatched_keys`, `rows` and
+    `clicks` of click_aggregates, and `joined_clicks_version` (None: none named)."""
+    through, version = refreshed_through(aggregates_path) if table_committed(aggregates_path) else (None, None)
+    con = duckdb.connect()
+    try:
+        con.register("actual", delta_rows("click_aggregates", aggregates_path, version))
+        con.register("joined", no_rows("joined_clicks") if through is None else
+                     delta_rows("joined_clicks", joined_path, through))
+        counts = one_row(con, """
+            WITH expected AS (
+                SELECT advertiser_id, epoch_us(date_trunc('minute', make_timestamp(timestamp_us))) AS minute_us,
+                       count(*) AS clicks, sum(cost_micros) AS cost_micros
+                FROM joined GROUP BY ALL),
+            actual AS (SELECT advertiser_id, epoch_us(minute) AS minute_us, clicks, cost_micros FROM actual)
+            SELECT count(*) FILTER (WHERE e.clicks IS DISTINCT FROM a.clicks OR e.cost_micros IS DISTINCT FROM a.cost_micros)
+                       AS mismatched_keys,
+                   count(a.clicks) AS rows, coalesce(sum(a.clicks), 0) AS clicks
+            FROM expected e FULL OUTER JOIN actual a USING (advertiser_id, minute_us)""")
+    finally:
+        con.close()
+    return {**counts, "joined_clicks_version": through}
 
 
 def refreshed_through(aggregates_path: str) -> tuple[int | None, int]:

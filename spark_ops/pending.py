@@ -64,10 +64,11 @@ def pending_of(spark: SparkSession, path: str, dc: str | None = None) -> DataFra
     return current_pending(records if dc is None else records.where(F.col("dc") == dc))
 
 
-# A datacenter's current pending clicks, from the records (see the module docstring), in DuckDB.
+# The current pending clicks (as current_pending), from a relation `records` of pending_clicks rows
+# (one datacenter's or all), in DuckDB.
 CURRENT_SQL = """
     SELECT * EXCLUDE (latest) FROM (
-        SELECT *, row_number() OVER (PARTITION BY click_id ORDER BY recorded_at DESC, resolved DESC) AS latest
+        SELECT *, row_number() OVER (PARTITION BY dc, click_id ORDER BY recorded_at DESC, resolved DESC) AS latest
         FROM records)
     WHERE latest = 1 AND NOT resolved"""
 

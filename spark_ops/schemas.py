@@ -68,7 +68,8 @@ QUERY_STRUCT = T.StructType(
 
 
 def arrow_schema(spark_schema: T.StructType) -> pa.Schema:
-    """The Arrow schema mapInArrow must yield for a Spark schema (the subset of types used here)."""
+    """The Arrow schema of a Spark schema (the subset of types used here): what mapInArrow must yield,
+    and what deltalake reads a Delta table written with it as."""
 
     def convert(dt: T.DataType) -> pa.DataType:
         if isinstance(dt, T.StringType):
@@ -79,6 +80,8 @@ def arrow_schema(spark_schema: T.StructType) -> pa.Schema:
             return pa.int32()
         if isinstance(dt, T.BooleanType):
             return pa.bool_()
+        if isinstance(dt, T.TimestampType):
+            return pa.timestamp("us", tz="UTC")
         if isinstance(dt, T.ArrayType):
             return pa.list_(convert(dt.elementType))
         if isinstance(dt, T.StructType):

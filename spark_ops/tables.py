@@ -30,14 +30,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import deltalake
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_ops.meter import count_commit
-from spark_ops.schemas import CLICK_FIELDS, QUERY_LINE_FIELDS, QUERY_STRUCT, SOURCE_FIELDS
+from spark_ops.schemas import CLICK_FIELDS, QUERY_LINE_FIELDS, QUERY_STRUCT, SOURCE_FIELDS, arrow_schema
 
 
 def _f(name: str, dt: T.DataType) -> T.StructField:
@@ -244,6 +246,26 @@ def merge_into(path: str, source: DataFrame, clauses: str) -> None:
 def read_table(spark: SparkSession, name: str, path: str) -> DataFrame:
     ensure_table(spark, name, path)
     return spark.read.format("delta").load(path)
+
+
+def delta_rows(name: str, path: str, version: int | None = None) -> ds.Dataset | pa.Table:
+    """The Delta table at `path`, at `version` or its latest, as the deltalake reader reads it (a
+    dataset scanned on demand, in this process: no Spark job); no rows of its schema if no run
+    committed it yet."""
+    if not table_committed(path):
+        return no_rows(name)
+    return deltalake.DeltaTable(path, version=version).to_pyarrow_dataset()
+
+
+def no_rows(name: str) -> pa.Table:
+    return arrow_schema(TABLE_SCHEMAS[name][0]).empty_table()
+
+
+def one_row(con: duckdb.DuckDBPyConnection, query: str) -> dict:
+    """The one row a DuckDB query over tables (delta_rows) returns, by column name."""
+    relation = con.sql(query)
+    (row,) = relation.fetchall()
+    return dict(zip(relation.columns, row))
 
 
 def row_count(spark: SparkSession, name: str, path: str, partitions: dict[str, list[str]] | None = None) -> int:

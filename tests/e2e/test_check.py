@@ -1,6 +1,6 @@
 """`photon check` end to end, in subprocesses: every asset check through Dagster, recorded in the
-data directory's instance. One workload is generated and run once for the whole module; every command
-is a client of the suite's Spark Connect server (tests/conftest.py)."""
+data directory's instance. One workload is generated and run once for the whole module, by a `photon
+run` over the suite's Spark Connect server (tests/conftest.py); `photon check` itself uses no Spark."""
 
 import fcntl
 import json
@@ -16,7 +16,7 @@ from resources.layout import DataLayout
 from resources.spark import SPARK_REMOTE_ENV
 from tests.e2e.test_photon_run import photon, run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("over_spark_connect")]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from pyspark.sql import functions as F
 
-from spark_ops.aggregates import VERSION_NOTE, aggregate_clicks, aggregates_snapshot, commit_note, refresh_aggregates
+from spark_ops.aggregates import VERSION_NOTE, aggregate_clicks, commit_note, refresh_aggregates, refreshed_through
 from spark_ops.tables import TABLE_SCHEMAS, append_once, delta_path, overwrite, read_table
 
 MINUTE = 60_000_000
@@ -41,7 +41,7 @@ def test_refreshing_with_the_changes_gives_the_whole_aggregation_and_leaves_othe
     untouched = spark.createDataFrame(
         [("adv9", 0, 7, 7)], "advertiser_id string, minute long, clicks long, cost_micros long"
     ).withColumn("minute", F.timestamp_micros(F.col("minute")))
-    through, _ = aggregates_snapshot(spark, aggregates_path)
+    through, _ = refreshed_through(aggregates_path)
     with commit_note(spark, f"{VERSION_NOTE}{through}"):
         overwrite(read_table(spark, "click_aggregates", aggregates_path).unionByName(untouched), "click_aggregates",
                   aggregates_path)
@@ -57,7 +57,7 @@ def test_refreshing_with_the_changes_gives_the_whole_aggregation_and_leaves_othe
         done = refresh()
         assert done["refreshed"] == "changes"
         assert as_set(read_table(spark, "click_aggregates", aggregates_path)) == expected() | as_set(untouched)
-        through, _ = aggregates_snapshot(spark, aggregates_path)
+        through, _ = refreshed_through(aggregates_path)
         assert through == done["joined_clicks_version"]
 
     # Nothing new: nothing to do. A row removed (storage loss repaired): its key is recomputed.

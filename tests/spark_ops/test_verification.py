@@ -1,22 +1,29 @@
 """Verification and recovery transformations (Photon §3.3.3) and the table commit lock, on real
 Spark and Delta."""
 
+import datetime
 import subprocess
 import sys
 
+import pyarrow as pa
 from pyspark.sql import types as T
 
 from resources.layout import TABLES
 from spark_ops.pending import pending_of
-from spark_ops.tables import TABLE_SCHEMAS, append_once, read_table, table_lock
+from resources.registry_shards import SCAN_SCHEMA
+from spark_ops.tables import TABLE_SCHEMAS, append_once, no_rows, read_table, table_lock
 from spark_ops.verification import (
+    VERIFIED_TABLES,
     add_pending,
+    click_accounting,
     confirmed_tokens,
+    lost_ids,
     missing_data_files,
     reinjected_clicks,
+    registry_counts,
     repair_table,
-    unresolved_ids,
     untracked_clicks,
+    verification_db,
 )
 
 REGISTERED = T.StructType([T.StructField("click_id", T.StringType()), T.StructField("timestamp_us", T.LongType()),
@@ -32,17 +39,52 @@ def ledger_rows(spark, rows):
     )
 
 
-def test_lost_ids_are_those_without_output_and_without_a_work_unit_in_flight(spark):
-    registered = spark.createDataFrame([
-        ("joined", 1, None), ("lost_cleared", 2, None), ("lost_finished", 3, "dc1.click.1"),
-        ("in_flight", 4, "dc2.click.7"), ("unjoinable", 5, "dc1.click.1"),
-    ], REGISTERED)
-    joined = spark.createDataFrame([("joined",)], IDS)
-    unjoinable = spark.createDataFrame([("unjoinable",)], IDS)
-    lost = unresolved_ids(registered, joined, unjoinable, ["dc2.click.7"])
-    assert sorted(r["click_id"] for r in lost.collect()) == ["lost_cleared", "lost_finished"]
-    # dc1.click.1 wrote the unjoinable row but kept its token: that token is to be cleared.
-    assert [r["token"] for r in confirmed_tokens(registered, joined, unjoinable, ["dc2.click.7"]).collect()] == ["dc1.click.1"]
+def ids(*click_ids: str) -> pa.Table:
+    return pa.table({"click_id": pa.array(click_ids, pa.string())})
+
+
+def test_lost_ids_are_those_without_output_and_without_a_work_unit_in_flight():
+    registered = pa.Table.from_pylist([
+        {"click_id": "joined", "timestamp_us": 1, "token": None},
+        {"click_id": "lost_cleared", "timestamp_us": 2, "token": None},
+        {"click_id": "lost_finished", "timestamp_us": 3, "token": "dc1.click.1"},
+        {"click_id": "in_flight", "timestamp_us": 4, "token": "dc2.click.7"},
+        {"click_id": "unjoinable", "timestamp_us": 5, "token": "dc1.click.1"},
+    ], schema=SCAN_SCHEMA)
+    relations = {**{name: no_rows(name) for name in VERIFIED_TABLES}, "joined_clicks": ids("joined"),
+                 "unjoinable_clicks": ids("unjoinable")}
+    with verification_db(relations, registered, ["dc2.click.7"]) as db:
+        assert lost_ids(db).column("click_id").to_pylist() == ["lost_cleared", "lost_finished"]
+        # dc1.click.1 wrote the unjoinable row but kept its token: that token is to be cleared.
+        assert confirmed_tokens(db) == ["dc1.click.1"]
+        assert registry_counts(db) == {"registered_ids": 5, "ids_with_token": 3, "lost_ids": 2,
+                                       "lost_ids_with_token": 1, "tokens_to_clear": 1}
+
+
+def test_each_distinct_click_is_counted_where_it_is():
+    """A click is seen once however many datacenters read it; pending unless registered or
+    unjoinable, and tracked if any datacenter's latest record of it is pending."""
+    ledger = pa.Table.from_pylist(
+        [{"dc": dc, "click_id": c, "work_unit": unit} for dc, c, unit in [
+            ("dc1", "j", "dc1.click.1"), ("dc2", "j", "dc2.click.1"), ("dc1", "p", "dc1.click.1"),
+            ("dc1", "u", "dc1.click.1"), ("dc1", "lost", "dc1.click.1"), ("dc1", "untracked", "dc1.click.2"),
+            ("dc1", "reading", "dc1.click.3")]])
+    at = datetime.datetime(2026, 11, 26, tzinfo=datetime.timezone.utc)
+    pending = pa.Table.from_pylist([
+        {"dc": "dc1", "click_id": "p", "resolved": False, "recorded_at": at},
+        {"dc": "dc2", "click_id": "p", "resolved": True, "recorded_at": at + datetime.timedelta(seconds=1)},
+        {"dc": "dc1", "click_id": "untracked", "resolved": False, "recorded_at": at},
+        {"dc": "dc1", "click_id": "untracked", "resolved": True, "recorded_at": at + datetime.timedelta(seconds=1)},
+    ])
+    registered = pa.Table.from_pylist([{"click_id": c, "timestamp_us": 1, "token": None} for c in ("j", "lost")],
+                                      schema=SCAN_SCHEMA)
+    relations = {"click_ledger": ledger, "joined_clicks": ids("j", "never_seen"), "unjoinable_clicks": ids("u"),
+                 "pending_clicks": pending}
+    with verification_db(relations, registered, ["dc1.click.3"]) as db:
+        assert click_accounting(db) == {
+            "distinct_clicks": 6, "joined": 2, "unjoinable": 1, "pending": 3, "pending_untracked": 1,
+            "joined_and_unjoinable": 0, "output_never_seen": 1, "registered_without_output": 1,
+        }
 
 
 def test_untracked_and_reinjected_clicks_go_to_the_datacenter_that_registered_them(spark):
