@@ -124,7 +124,7 @@ def _summed(rows: pa.Table) -> pa.Table:
 def refresh_aggregates(spark: SparkSession, joined_path: str, aggregates_path: str, full: bool = False) -> dict:
     """Brings click_aggregates up to joined_clicks' latest version (see the module docstring). Under
     the table's lock: refreshes commit in snapshot order. Returns what it did."""
-    ensure_table(spark, "click_aggregates", aggregates_path)
+    ensure_table("click_aggregates", aggregates_path)
     with table_lock(aggregates_path):
         version, snapshot = latest_snapshot(spark, "joined_clicks", joined_path)
         since = None if full else refreshed_through(aggregates_path)[0]

@@ -51,7 +51,7 @@ def missing_data_files(path: str) -> list[str]:
 def repair_table(spark: SparkSession, name: str, path: str) -> int:
     """Rewrites the table without the rows of its missing data files; returns how many files were
     missing. Under the table's lock, so no pipeline commits in between."""
-    ensure_table(spark, name, path)
+    ensure_table(name, path)
     with table_lock(path):
         missing = missing_data_files(path)
         if missing:
