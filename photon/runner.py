@@ -352,10 +352,10 @@ def pass_order(sensors: list) -> list:
 
 def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
           registry: subprocess.Popen | None, min_seconds: float = 0.0) -> None:
-    """Sensor passes until IDLE_PASSES in a row launch nothing and nothing of these datacenters waits, and
-    min_seconds have passed since the start. Stops when this process's own registry service (None:
-    a service at PHOTON_REGISTRY_ADDRESS, which its operator restarts) exited: nothing would restart
-    it, and every run would fail until the timeout."""
+    """Sensor passes until IDLE_PASSES in a row launch nothing and nothing of these datacenters
+    waits, and min_seconds have passed since the start. Stops when this process's own registry
+    service (None: a service at PHOTON_REGISTRY_ADDRESS, which its operator restarts) exited:
+    nothing would restart it, and every run would fail until the timeout."""
     idle = 0
     while idle < IDLE_PASSES or time.monotonic() - started < min_seconds:
         if time.monotonic() - started > timeout_seconds:

@@ -1,9 +1,9 @@
 """Asset checks that prove the invariants of docs/CONTRACTS.md on the tables as they are.
 
 Each reports its counts as metadata whether it passes or fails. They count with DuckDB over the
-tables as the deltalake reader reads them (spark_ops/verification.py): no Spark session. Ids registered by a work unit that
-has not finished yet (running, or failed and awaiting its retry) are in flight: their output may
-legitimately not be there yet.
+tables as the deltalake reader reads them (spark_ops/verification.py): no Spark session. Ids
+registered by a work unit that has not finished yet (running, or failed and awaiting its retry) are
+in flight: their output may legitimately not be there yet.
 """
 
 
@@ -17,12 +17,12 @@ import duckdb
 
 from photon_assets.work_unit import work_units_in_flight
 from resources.registry import IdRegistryResource
+from resources.registry_shards import SCAN_SCHEMA
 from resources.settings import PipelineSettings
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import compared_with_joined
 from spark_ops.join import CAPPED_REASON
 from spark_ops.tables import latest_version, one_row, table_committed
-from resources.registry_shards import SCAN_SCHEMA
 from spark_ops.verification import click_accounting, registry_counts, verification_db, verified_tables
 
 LOST_SAMPLE = 20  # lost ids listed in the check's metadata
