@@ -4,14 +4,13 @@ the deltalake reader, and the Delta log's row counts: no Spark job) and the last
 import time
 
 import dagster as dg
-import duckdb
 
 from photon_assets.work_unit import work_units_failed_for_good
 from resources.layout import TABLES, DataLayout
 from resources.spark import spark_session
 from resources.stream_state import EventTimeWatermark
 from spark_ops.join import CAPPED_REASON, EVENT_STORE_COUNTS
-from spark_ops.tables import delta_rows, one_row, row_count
+from spark_ops.tables import delta_rows, duckdb_over, one_row, row_count
 
 
 def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance,
@@ -22,17 +21,13 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     last verification counted them (photon/runner.py: pending_clicks)."""
     spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}
-    con = duckdb.connect()
-    try:
-        for name in ("click_ledger", "unjoinable_clicks", "quarantined_lines"):
-            con.register(name, delta_rows(name, tables[name]))
+    read = ("click_ledger", "unjoinable_clicks", "quarantined_lines")
+    with duckdb_over({name: delta_rows(name, tables[name]) for name in read}) as con:
         # Lines and distinct clicks from one read: another datacenter's pipeline may still be appending.
         lines = one_row(con, 'SELECT count(DISTINCT (file, "offset")) AS seen, count(DISTINCT click_id) AS ids '
                              'FROM click_ledger')
         by_reason = dict(con.sql("SELECT reason, count(*) FROM unjoinable_clicks GROUP BY reason").fetchall())
         quarantined = one_row(con, 'SELECT count(DISTINCT (stream, file, "offset")) AS lines FROM quarantined_lines')
-    finally:
-        con.close()
     seen, distinct_clicks = lines["seen"], lines["ids"]
     return {
         "clicks_seen": seen,

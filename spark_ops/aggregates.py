@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import deltalake
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,8 +24,8 @@ import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_ops.tables import (TABLE_SCHEMAS, delta_rows, ensure_table, latest_snapshot, no_rows, one_row, overwrite,
-                              overwrite_where, table_committed, table_lock)
+from spark_ops.tables import (TABLE_SCHEMAS, delta_rows, duckdb_over, ensure_table, latest_snapshot, no_rows, one_row,
+                              overwrite, overwrite_where, table_committed, table_lock)
 
 KEYS = ["advertiser_id", "minute"]
 VERSION_NOTE = "joined_clicks_version="
@@ -63,11 +62,8 @@ def compared_with_joined(aggregates_path: str, joined_path: str) -> dict:
     over the tables as deltalake reads them (no Spark job). Returns `mismatched_keys`, `rows` and
     `clicks` of click_aggregates, and `joined_clicks_version` (None: none named)."""
     through, version = refreshed_through(aggregates_path) if table_committed(aggregates_path) else (None, None)
-    con = duckdb.connect()
-    try:
-        con.register("actual", delta_rows("click_aggregates", aggregates_path, version))
-        con.register("joined", no_rows("joined_clicks") if through is None else
-                     delta_rows("joined_clicks", joined_path, through))
+    joined = no_rows("joined_clicks") if through is None else delta_rows("joined_clicks", joined_path, through)
+    with duckdb_over({"actual": delta_rows("click_aggregates", aggregates_path, version), "joined": joined}) as con:
         counts = one_row(con, """
             WITH expected AS (
                 SELECT advertiser_id, epoch_us(date_trunc('minute', make_timestamp(timestamp_us))) AS minute_us,
@@ -78,8 +74,6 @@ def compared_with_joined(aggregates_path: str, joined_path: str) -> dict:
                        AS mismatched_keys,
                    count(a.clicks) AS rows, coalesce(sum(a.clicks), 0) AS clicks
             FROM expected e FULL OUTER JOIN actual a USING (advertiser_id, minute_us)""")
-    finally:
-        con.close()
     return {**counts, "joined_clicks_version": through}
 
 

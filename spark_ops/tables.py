@@ -255,6 +255,19 @@ def no_rows(name: str) -> pa.Table:
     return arrow_schema(TABLE_SCHEMAS[name][0]).empty_table()
 
 
+@contextmanager
+def duckdb_over(relations: dict[str, ds.Dataset | pa.Table]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection with each relation (delta_rows, or a table) registered under its name,
+    closed on exit."""
+    con = duckdb.connect()
+    try:
+        for name, rows in relations.items():
+            con.register(name, rows)
+        yield con
+    finally:
+        con.close()
+
+
 def one_row(con: duckdb.DuckDBPyConnection, query: str) -> dict:
     """The one row a DuckDB query over tables (delta_rows) returns, by column name."""
     relation = con.sql(query)

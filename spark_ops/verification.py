@@ -35,7 +35,7 @@ from pyspark.sql.window import Window
 
 from spark_ops.event_store import event_id_parts
 from spark_ops.pending import COLUMNS, CURRENT_SQL, pending_of
-from spark_ops.tables import CLICK_EVENT, append, delta_rows, ensure_table, one_row, overwrite, table_lock
+from spark_ops.tables import CLICK_EVENT, append, delta_rows, duckdb_over, ensure_table, one_row, overwrite, table_lock
 
 RECOVERY_UNIT_PREFIX = "recovery"
 
@@ -89,18 +89,13 @@ def verification_db(relations: dict[str, ds.Dataset | pa.Table], registered: pa.
     clicks of every datacenter (spark_ops/pending.py: CURRENT_SQL), and `outcomes` (OUTCOMES_SQL).
     `in_flight` must be read after the registry was scanned, so that a work unit that registered ids
     after it was read cannot look finished."""
-    con = duckdb.connect()
-    try:
-        for name in VERIFIED_TABLES:
-            con.register(name, relations[name])
-        con.register("registered", registered)
-        con.register("in_flight", pa.table({"work_unit": pa.array(sorted(set(in_flight)), pa.string())}))
+    work_units = pa.table({"work_unit": pa.array(sorted(set(in_flight)), pa.string())})
+    with duckdb_over({**{name: relations[name] for name in VERIFIED_TABLES}, "registered": registered,
+                      "in_flight": work_units}) as con:
         con.execute("CREATE TEMP VIEW records AS SELECT * FROM pending_clicks")
         con.execute(f"CREATE TEMP VIEW pending AS {CURRENT_SQL}")
         con.execute(f"CREATE TEMP VIEW outcomes AS {OUTCOMES_SQL}")
         yield con
-    finally:
-        con.close()
 
 
 def lost_ids(con: duckdb.DuckDBPyConnection) -> pa.Table:
