@@ -89,6 +89,7 @@ def ingest_query_logs(
             "queries_added": stats.events,
             # The EventStore's memory tier after this pass (resources/recent_queries.py).
             "memory_tier_queries": memory.get("rows", 0),
+            "memory_tier_located_queries": memory.get("located_rows", 0),  # held without their line
             "memory_tier_bytes": memory.get("bytes", 0),
             "queries_from_the_future": stats.future_events,
             **({"cache_since_us": boundary} if boundary is not None else {}),

@@ -12,7 +12,12 @@ Query runs put their work unit's valid query lines here before they append them 
 (the durable tier) and record the writers' progress; a click run's executors look their clicks'
 query ids up here first. What is held is bounded: by event time (pieces whose newest query is more
 than `retention_seconds` behind the datacenter's newest are dropped) and by bytes (the oldest
-pieces go first). Everything is lost when the process ends; the durable tiers answer then.
+pieces go first). Over its bytes, the oldest pieces first give up their lines and keep only where
+each line lies in the raw logs (file, offset, length: ~60 bytes a query against ~400 with the line),
+and only then leave: the lookup reads a located query's line from the log itself (`read_located`),
+a seek and a read in the click run's own task, instead of a search of the durable tier by Spark
+jobs (~4-5 s a click run, however few the clicks). Everything is lost when the process ends; the
+durable tiers answer then.
 
 The horizon makes a miss conclusive. Every query ingested after this process started holds its put
 (a query run puts before it records progress), and pieces leave only by eviction. So the horizon of
@@ -28,13 +33,17 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# A query line, and its timestamp (what the joiner judges a click by without parsing the line).
+# A query line, its timestamp (what the joiner judges a click by without parsing the line) and where
+# the line lies in the datacenter's query logs. A located query (its piece gave its lines up) has a
+# null line.
 PIECE_SCHEMA = pa.schema([pa.field("query_id", pa.string()), pa.field("timestamp_us", pa.int64()),
-                         pa.field("line", pa.string())])
+                         pa.field("line", pa.string()), pa.field("file", pa.string()),
+                         pa.field("offset", pa.int64()), pa.field("length", pa.int64())])
 WANTED_SCHEMA = pa.schema([pa.field("query_id", pa.string())])
 
 
@@ -49,13 +58,27 @@ def id_times(query_ids: pa.Array) -> pa.Array:
 class Piece:
     """One work unit's query lines (or one partition's of them: a unit's tasks put separately)."""
 
-    table: pa.Table  # PIECE_SCHEMA
+    table: pa.Table  # PIECE_SCHEMA, `file` dictionary-encoded; without `line` once located
     min_ts: int  # the times its query ids name
     max_ts: int
 
     @property
     def nbytes(self) -> int:
         return self.table.nbytes
+
+    @property
+    def located(self) -> bool:
+        return "line" not in self.table.column_names
+
+    def without_lines(self) -> "Piece":
+        return Piece(self.table.drop_columns(["line"]), self.min_ts, self.max_ts)
+
+    def rows_of(self, ids: pa.Array) -> pa.Table:
+        """Its rows of these query ids, as PIECE_SCHEMA."""
+        hit = self.table.filter(pc.is_in(self.table["query_id"], value_set=ids))
+        if self.located:
+            hit = hit.add_column(2, "line", pa.nulls(hit.num_rows, pa.string()))
+        return hit.cast(PIECE_SCHEMA)
 
 
 @dataclass
@@ -76,6 +99,10 @@ class _Datacenter:
     def rows(self) -> int:
         return sum(p.table.num_rows for p in self.pieces.values())
 
+    @property
+    def located_rows(self) -> int:
+        return sum(p.table.num_rows for p in self.pieces.values() if p.located)
+
 
 class RecentQueries:
     """Thread-safe; every call is short (Arrow compute over the pieces, no per-row Python)."""
@@ -86,7 +113,7 @@ class RecentQueries:
 
     def put(self, dc: str, unit: str, attempt: int, part: int, queries: pa.Table, ingested_before_ts: int | None,
             latest_valid_ts: int, retention_seconds: float, budget_bytes: int) -> dict:
-        """Holds one task's share of a work unit's query lines (`queries`: query_id, line). A later
+        """Holds one task's share of a work unit's query lines (`queries`: PIECE_SCHEMA). A later
         attempt of the unit replaces an earlier one's pieces; the same task again replaces its own.
         `ingested_before_ts`: the query stream's progress before this unit (None: nothing ingested);
         `latest_valid_ts`: queries whose ids name a later time are from the future (spark_ops/validity.py):
@@ -94,6 +121,8 @@ class RecentQueries:
         the horizon (one such query would hold every other piece for hours); it is the last to
         leave by bytes. A miss for one is then not wrongly conclusive once progress passes it."""
         table = queries.select(PIECE_SCHEMA.names).cast(PIECE_SCHEMA)
+        # A piece's lines come from a few files: their names once each.
+        table = table.set_column(3, "file", pc.dictionary_encode(table["file"]))
         times = id_times(table["query_id"])
         now_or_before = pc.fill_null(pc.less_equal(times, latest_valid_ts), True)
         parts = {"valid": table.filter(now_or_before).combine_chunks(),
@@ -119,24 +148,40 @@ class RecentQueries:
 
     @staticmethod
     def _evict(held: _Datacenter, retention_us: int, budget_bytes: int) -> int:
-        # Oldest by event time first: a piece of a late shipment may be put after newer ones.
+        """Pieces past the retention leave; then, while over the budget, the oldest give up their
+        lines, and only then the oldest leave. Oldest by event time: a piece of a late shipment may
+        be put after newer ones. Returns the pieces that left."""
         order = sorted(held.pieces, key=lambda k: held.pieces[k].max_ts)
-        evicted = 0
         total = held.nbytes
-        for key in order:
-            piece = held.pieces[key]
-            too_old = held.newest_ts is not None and piece.max_ts < held.newest_ts - retention_us
-            if not too_old and total <= budget_bytes:
-                break
-            held.pieces.pop(key)
+
+        def leave(key) -> None:
+            nonlocal total
+            piece = held.pieces.pop(key)
             total -= piece.nbytes
             held.horizon_ts = max(held.horizon_ts, piece.max_ts)
             held.evicted_rows += piece.table.num_rows
-            evicted += 1
-        return evicted
+
+        gone = [k for k in order if held.newest_ts is not None and held.pieces[k].max_ts < held.newest_ts - retention_us]
+        for key in gone:
+            leave(key)
+        order = [k for k in order if k in held.pieces]
+        for key in order:
+            if total <= budget_bytes:
+                break
+            piece = held.pieces[key]
+            if not piece.located:
+                held.pieces[key] = piece.without_lines()
+                total -= piece.nbytes - held.pieces[key].nbytes
+        for key in order:
+            if total <= budget_bytes:
+                break
+            leave(key)
+            gone.append(key)
+        return len(gone)
 
     def get(self, dc: str, wanted: pa.Table) -> pa.Table:
-        """The held lines (PIECE_SCHEMA) of the wanted query ids, once each."""
+        """The held queries (PIECE_SCHEMA; `line` null for a located one) of the wanted query ids, once
+        each."""
         ids = wanted.column("query_id").combine_chunks()
         with self._lock:
             held = self._dcs.get(dc)
@@ -151,7 +196,7 @@ class RecentQueries:
                 # A piece outside the times the wanted ids name cannot hold them.
                 if low is not None and (piece.max_ts < low or piece.min_ts > high):
                     continue
-                hit = piece.table.filter(pc.is_in(piece.table["query_id"], value_set=unique))
+                hit = piece.rows_of(unique)
                 if hit.num_rows:
                     found.append(hit)
         table = pa.concat_tables(found) if found else PIECE_SCHEMA.empty_table()
@@ -173,6 +218,30 @@ class RecentQueries:
 
     def stats(self) -> dict:
         with self._lock:
-            return {dc: {"rows": h.rows, "bytes": h.nbytes, "pieces": len(h.pieces), "horizon_ts": h.horizon_ts,
+            return {dc: {"rows": h.rows, "located_rows": h.located_rows, "bytes": h.nbytes, "pieces": len(h.pieces), "horizon_ts": h.horizon_ts,
                          "newest_ts": h.newest_ts, "hits": h.hits, "misses": h.misses, "evicted_rows": h.evicted_rows}
                     for dc, h in self._dcs.items()}
+
+
+def read_located(recalled: pa.Table, query_dir: Path, max_line_bytes: int) -> pa.Table:
+    """`recalled` (PIECE_SCHEMA) with the line of each located query read from the query logs under
+    `query_dir` (one open per file). The logs are never rewritten: a line that is not there any more
+    is an error, never a miss (a miss the horizon vouches for would make its click unjoinable)."""
+    missing = pc.and_(pc.is_null(recalled["line"]), pc.is_valid(recalled["file"]))
+    if not pc.any(missing).as_py():
+        return recalled
+    lines = recalled["line"].to_pylist()
+    files, offsets, lengths, ids = (recalled[c].to_pylist() for c in ("file", "offset", "length", "query_id"))
+    by_file: dict[str, list[int]] = {}
+    for i in pc.indices_nonzero(missing).to_pylist():
+        by_file.setdefault(files[i], []).append(i)
+    for file, rows in by_file.items():
+        with open(query_dir / file, "rb") as f:
+            for i in rows:
+                f.seek(offsets[i])
+                raw = f.read(min(lengths[i], max_line_bytes + 1)).rstrip(b"\n")
+                if ids[i].encode() not in raw and b"\\" not in raw:
+                    raise ValueError(f"query {ids[i]} is not at {file}:{offsets[i]} any more: "
+                                     "the query logs were rewritten under the EventStore's memory tier")
+                lines[i] = raw.decode("utf-8")
+    return recalled.set_column(2, "line", pa.array(lines, pa.string()))

@@ -110,11 +110,12 @@ class IdRegistry(ABC):
     def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,
                          ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
                          budget_bytes: int) -> dict:
-        """Hold one task's share of a work unit's query lines (query_id, line)."""
+        """Hold one task's share of a work unit's query lines (recent_queries.PIECE_SCHEMA)."""
 
     @abstractmethod
     def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
-        """(query_id, line) of the wanted query ids (column query_id) held, once each."""
+        """The wanted query ids (column query_id) held, once each (PIECE_SCHEMA; `line` null for a
+        query held located only)."""
 
     @abstractmethod
     def queries_horizon(self, dc: str) -> int | None:

@@ -10,8 +10,9 @@ Protocol:
   ...}), the client streams the (click_id, timestamp_us) batch and the server answers with the
   result table (delete: one row, column `deleted`). grant_clicks (the per-query click cap) likewise,
   with a (query_id, wanted) batch and {"token", "cap"}; the EventStore's memory tier too:
-  remember_queries with a (query_id, timestamp_us, line) batch, answered with one row of counts,
-  and recall_queries with a (query_id) batch, answered with (query_id, timestamp_us, line).
+  remember_queries with a batch of query lines and where they lie (recent_queries.PIECE_SCHEMA),
+  answered with one row of counts, and recall_queries with a (query_id) batch, answered with those
+  held, in the same schema.
 - clear_tokens, stats, reshard, gc, work ownership (heartbeat, claim_work, finish_work,
   work_claims) and queries_horizon: `do_action` with JSON bodies, answered with one JSON result.
 - scan: `do_get` (any ticket), a stream of every registered id.

@@ -1,10 +1,11 @@
 """The EventStore (Photon §3.4): finds the query of each click, in three tiers.
 
 1. Memory tier: the recent query lines of the datacenter, held by the registry service
-   (resources/recent_queries.py). A click run's executors ask it along with the registry lookup
-   (spark_ops/registry_calls.py: lookup_clicks); almost every click of a live stream is answered
-   there. A miss newer than its horizon, of a writer ingested past the query's time, is conclusive:
-   the query was never ingested, and no other tier is read for it.
+   (resources/recent_queries.py); past its byte budget, the older ones only located (file, offset,
+   length), their lines read back from the logs by the asking task. A click run's executors ask it
+   along with the registry lookup (spark_ops/registry_calls.py: lookup_clicks); almost every click
+   of a live stream is answered there. A miss newer than its horizon, of a writer ingested past the
+   query's time, is conclusive: the query was never ingested, and no other tier is read for it.
 2. Durable tier: `query_logs`, an exact index of the valid query lines of the last
    `query_cache_retention_seconds` of event time (table maintenance evicts older ones): where each
    lies in the raw logs (file, offset, length), which are durable and never rewritten, so the lines

@@ -237,7 +237,7 @@ def join_work_unit(
         if not parts:
             return stats
         clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        looked = _looked(spark, clicks, registry, token, dc, pending, validity, staging)
+        looked = _looked(spark, clicks, registry, token, dc, event_store, pending, validity, staging)
         checkpoint("before_registry_commit")
         outcomes = resolve(looked, None, staging / "outcomes")
         mark = stats.timed("lookup_judge_commit", mark)
@@ -267,12 +267,13 @@ def join_work_unit(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _looked(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token: str, dc: str,
+def _looked(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token: str, dc: str, event_store: EventStore,
             pending: PendingPolicy, validity: TimestampValidity | None, staging: Path) -> DataFrame:
     """The clicks, one row per click_id, with their registry entry, their query's line and time when
     the memory tier holds it, and their `state` (see STATES). A miss is conclusive above the memory
     tier's horizon, read by each task after its lookups (a later eviction only raises it)."""
-    looked = lookup_clicks(spark, registry, clicks.dropDuplicates(["click_id"]), dc, staging / "lookup")
+    looked = lookup_clicks(spark, registry, clicks.dropDuplicates(["click_id"]), dc, event_store.query_dir,
+                           event_store.max_line_bytes, staging / "lookup")
     ip, pid, query_ts = event_id_parts("query_id")
     looked = (
         looked.withColumn("query_writer", F.concat_ws(":", ip, pid))

@@ -39,8 +39,9 @@ LOOKUP_CHUNK_FIELDS = T.StructType(
     CHUNK_FIELDS.fields + [T.StructField("wanted", T.ArrayType(T.StringType()))]
 )
 ROWS_PER_BATCH = 8192
-# What a query line's text goes with to a text sink (spark_ops/parse.py: parse_chunks).
-TEXT_FIELDS = ["query_id", "timestamp_us", "line"]
+# What a query line's text goes with to a text sink (parse_chunks): the memory tier's piece
+# (resources/recent_queries.py: PIECE_SCHEMA).
+TEXT_FIELDS = ["query_id", "timestamp_us", "line", "file", "offset", "length"]
 SNIPPET_CHARS = 200
 
 

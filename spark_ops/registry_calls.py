@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from resources.recent_queries import read_located
 from resources.registry import IdRegistry
 from spark_ops.handoff import materialize, stage, unstage
 from spark_ops.schemas import arrow_schema
@@ -96,17 +97,20 @@ def commit_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, token:
     return _call(spark, registry, ids, commit, schema, staging, materialized=False)
 
 
-def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, staging: Path) -> DataFrame:
+def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, query_dir: Path,
+                  max_line_bytes: int, staging: Path) -> DataFrame:
     """`clicks` (one row per click_id, with query_id and timestamp_us) with LOOKUP_FIELDS added, from
     one call per partition to the registry's ids (the dispatcher lookup) and to the memory tier of
-    `dc`'s EventStore. Not materialized with the service (the caller materializes it once with what
-    it derives); with an embedded registry, the answer is read from Parquet."""
+    `dc`'s EventStore; the lines of the queries it holds located only are read from `dc`'s query logs
+    at `query_dir` by the same task. Not materialized with the service (the caller materializes it
+    once with what it derives); with an embedded registry, the answer is read from Parquet."""
     schema = T.StructType(clicks.schema.fields + LOOKUP_FIELDS)
 
     def lookup(registry: IdRegistry, table: pa.Table) -> pa.Table:
         registered = registry.lookup(table.select(["click_id", "timestamp_us"])).select(["click_id", "token", "status"])
         registered = registered.rename_columns(["click_id", "registry_token", "registry_status"])
-        lines = registry.recall_queries(dc, table.select(["query_id"])).select(["query_id", "timestamp_us", "line"])
+        lines = read_located(registry.recall_queries(dc, table.select(["query_id"])), query_dir, max_line_bytes)
+        lines = lines.select(["query_id", "timestamp_us", "line"])
         lines = lines.rename_columns(["query_id", "query_timestamp_us", "line"])
         # Read after the lines: an eviction meanwhile only raises it, so a miss it vouches for is one.
         horizon = registry.queries_horizon(dc)

@@ -1,21 +1,34 @@
 """The EventStore's memory tier (resources/recent_queries.py): pieces held by work unit, looked up by
-query id, evicted by event time and by bytes, and the horizon that makes a miss conclusive."""
+query id, evicted by event time and by bytes (giving up their lines first), the horizon that makes a
+miss conclusive, and located queries' lines read back from the logs."""
 
 import pyarrow as pa
+import pytest
 
-from resources.recent_queries import RecentQueries
+from resources.recent_queries import PIECE_SCHEMA, RecentQueries, read_located
 
 SECOND = 1_000_000
 NOW = 1_700_000_000 * SECOND
 
 
-def lines(writer: str, times: list[int]) -> pa.Table:
+def lines(writer: str, times: list[int], file: str = "q.jsonl") -> pa.Table:
     ids = [f"{writer}:{t}" for t in times]
-    return pa.table({"query_id": ids, "timestamp_us": times, "line": [f'{{"query_id":"{i}"}}' for i in ids]})
+    text = [f'{{"query_id":"{i}"}}' for i in ids]
+    offsets = [sum(len(t) + 1 for t in text[:n]) for n in range(len(text))]
+    return pa.table({"query_id": ids, "timestamp_us": times, "line": text, "file": [file] * len(ids),
+                     "offset": offsets, "length": [len(t) + 1 for t in text]}, schema=PIECE_SCHEMA)
 
 
 def wanted(*ids: str) -> pa.Table:
     return pa.table({"query_id": list(ids)})
+
+
+def held_bytes(*tables: pa.Table) -> int:
+    """What the tier holds for these pieces, with their lines."""
+    store = RecentQueries()
+    for n, table in enumerate(tables):
+        put(store, f"u{n}", table)
+    return store.stats()["dc1"]["bytes"]
 
 
 def put(store, unit, table, attempt=1, part=0, before=None, retention=600, budget=1 << 30, dc="dc1"):
@@ -59,8 +72,28 @@ def test_pieces_leave_by_event_time_and_by_bytes_and_raise_the_horizon():
     assert store.horizon("dc1") == NOW - SECOND  # what was ingested before the first piece may be missing
     put(store, "u2", lines("10.1.0.1:7", [NOW + 100 * SECOND]), retention=60)
     assert store.horizon("dc1") == NOW + 10 * SECOND and store.stats()["dc1"]["pieces"] == 1
-    # Over the byte budget, the oldest piece goes first, whatever its age.
-    one = lines("10.1.0.2:8", [NOW + 101 * SECOND])
-    put(store, "u3", one, budget=int(1.5 * one.nbytes))
-    assert store.stats()["dc1"]["pieces"] == 1 and store.horizon("dc1") == NOW + 100 * SECOND
-    assert store.get("dc1", wanted(f"10.1.0.2:8:{NOW + 101 * SECOND}")).num_rows == 1
+    # Over the byte budget, the oldest piece first gives up its lines, whatever its age: still held, located.
+    two = lines("10.1.0.1:7", [NOW + 100 * SECOND]), lines("10.1.0.2:8", [NOW + 101 * SECOND])
+    put(store, "u3", two[1], budget=held_bytes(*two) - 1)
+    stats = store.stats()["dc1"]
+    assert (stats["pieces"], stats["located_rows"]) == (2, 1) and store.horizon("dc1") == NOW + 10 * SECOND
+    located = store.get("dc1", wanted(f"10.1.0.1:7:{NOW + 100 * SECOND}"))
+    assert located["line"].to_pylist() == [None] and located["file"].to_pylist() == ["q.jsonl"]
+    assert store.get("dc1", wanted(f"10.1.0.2:8:{NOW + 101 * SECOND}"))["line"].null_count == 0
+    # Still over it once every piece is located: the oldest leaves, and the horizon covers it.
+    put(store, "u4", lines("10.1.0.2:8", [NOW + 102 * SECOND]), budget=1)
+    assert store.stats()["dc1"]["pieces"] == 0 and store.horizon("dc1") == NOW + 102 * SECOND
+
+
+def test_a_located_querys_line_is_read_from_the_log_and_a_rewritten_log_is_an_error(tmp_path):
+    held = lines("10.1.0.1:7", [NOW, NOW + SECOND, NOW + 2 * SECOND])
+    (tmp_path / "q.jsonl").write_text("".join(t + "\n" for t in held["line"].to_pylist()))
+    store = RecentQueries()
+    put(store, "u1", held.slice(0, 2))
+    put(store, "u2", held.slice(2), budget=held_bytes(held.slice(0, 2), held.slice(2)) - 1)  # u1 is located now
+    recalled = store.get("dc1", wanted(*held["query_id"].to_pylist()))
+    assert recalled["line"].null_count == 2
+    assert sorted(read_located(recalled, tmp_path, 1000)["line"].to_pylist()) == sorted(held["line"].to_pylist())
+    (tmp_path / "q.jsonl").write_text("x" * 200)
+    with pytest.raises(ValueError, match="rewritten"):
+        read_located(recalled, tmp_path, 1000)

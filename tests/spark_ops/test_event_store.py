@@ -39,7 +39,7 @@ def name(click_id: str) -> str:
 
 
 def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us=None, every_bytes=4096,
-           registry=None, ingested_before_ts=None):
+           registry=None, ingested_before_ts=None, memory_bytes=1 << 30):
     """A query work unit's ingest; its lines go to `registry`'s memory tier (a registry of its own by
     default, which no lookup asks: the tests of the tiers beyond memory)."""
     ranges = [ByteRange(f, 0, (query_dir / f).stat().st_size) for f in files]
@@ -48,7 +48,8 @@ def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us
     staged = query_dir.parent / "staging" / unit
     try:
         parsed = stage_queries(spark, query_dir, ranges, 65536,
-                               QueryPut(registry, "dc1", unit, 1, ingested_before_ts, 10**17, 3600, 1 << 30), staged)
+                               QueryPut(registry, "dc1", unit, 1, ingested_before_ts, 10**17, 3600, memory_bytes),
+                               staged)
         stats = line_stats(staged, by_writer=True)
         ingest_queries(parsed, staged, stats, "dc1", unit, 1, tables, 10, every_bytes, cache_since_us=cache_since_us)
     finally:
@@ -206,6 +207,31 @@ def test_the_memory_tier_answers_and_its_misses_are_conclusive_up_to_its_horizon
     assert registry.queries_horizon("dc1") == T0 + 99 * SECOND
     again = join("dc1.click.1", {"stray"})
     assert (again.memory_hits, again.durable_hits, again.pending, again.logs_ranges_read) == (0, 0, 1, 1)
+    registry.close()
+
+
+def test_queries_the_memory_tier_holds_located_only_are_joined_from_their_log_lines(tmp_path, spark):
+    """Over its bytes, the memory tier keeps the oldest queries by where they lie: the lookup's task
+    reads their lines from the logs, and neither the durable nor the logs tier is searched."""
+    query_dir = tmp_path / "query"
+    tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
+    registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
+    write_lines(query_dir / "a" / "0.jsonl", [query(qid("10.1.0.1:7", i), T0 + i * SECOND) for i in range(0, 100)])
+    write_lines(query_dir / "a" / "1.jsonl", [query(qid("10.1.0.1:7", 100), T0 + 100 * SECOND)])
+    writers = ingest(spark, query_dir, tables, ["a/0.jsonl"], "dc1.query.0", registry=registry)
+    lined = registry.counters()["recent_queries"]["dc1"]["bytes"]
+    writers.update(ingest(spark, query_dir, tables, ["a/1.jsonl"], "dc1.query.1", registry=registry,
+                          memory_bytes=lined // 2))
+    memory = registry.counters()["recent_queries"]["dc1"]
+    assert (memory["located_rows"], memory["evicted_rows"]) == (100, 0)
+    progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in writers.items()})
+    frame = clicks_frame(spark, tmp_path, [click(cid("c1"), qid("10.1.0.1:7", 40), T0 + 50 * SECOND),
+                                           click(cid("c2"), qid("10.1.0.1:7", 100), T0 + 101 * SECOND)])
+    stats = join_work_unit(spark, JoinInput(frame), store(spark, tables, query_dir), registry, "dc1.click.0", 1, "dc1",
+                           tmp_path / "staging", tables, PendingPolicy(progress, 86400.0, 2, 2.0, 600.0))
+    assert (stats.memory_hits, stats.joined, stats.beyond_memory, stats.durable_hits) == (2, 2, 0, 0)
+    joined = {r.click_id: r.query.query_id for r in read_table(spark, "joined_clicks", tables["joined_clicks"]).collect()}
+    assert joined == {cid("c1"): qid("10.1.0.1:7", 40), cid("c2"): qid("10.1.0.1:7", 100)}
     registry.close()
 
 
