@@ -3,7 +3,9 @@
 Per datacenter: the durable tier's queries older than its retention leave `query_logs`, once its
 boundary has passed the oldest one held; the pending clicks' records are compacted to the current
 ones (spark_ops/pending.py). A table's small files (a pass appends one or two per table) are
-compacted (`OPTIMIZE`) once it holds `maintenance_compact_at_files`. A table this run removed files
+compacted (`OPTIMIZE`) once it holds `maintenance_compact_at_files`, at most
+`maintenance_compact_tables_per_run` tables a run, those with the most files first: a run that compacts
+every table at once holds a `photon run`'s passes for a minute. A table this run removed files
 from has the files no version younger than `query_cache_vacuum_retain_hours` needs deleted (`VACUUM`):
 a run reading an older snapshot keeps its files. Files removed by retries and recovery go with the
 table's next compaction. Each command costs seconds even with nothing to do, hence the conditions.
@@ -47,6 +49,16 @@ def files_held(path: str) -> int:
     return len(deltalake.DeltaTable(path).file_uris()) if table_committed(path) else 0
 
 
+def to_compact(tables: dict[str, str], settings: PipelineSettings) -> list[str]:
+    """The tables this run compacts: those holding `maintenance_compact_at_files` files or more (each
+    command costs seconds even with nothing to do), the most files first, at most
+    `maintenance_compact_tables_per_run`."""
+    files = {name: files_held(tables[name]) for name in COMPACTED}
+    due = sorted((name for name in COMPACTED if files[name] >= settings.maintenance_compact_at_files),
+                 key=lambda name: -files[name])
+    return due[:settings.maintenance_compact_tables_per_run]
+
+
 @dg.op(description="Evict the durable tier's old queries, compact the pending clicks' records, compact small "
        "files and delete unreferenced ones, where a table needs it.")
 def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: WarehouseResource,
@@ -66,16 +78,14 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
             if after < before:
                 removed_from.add("pending_clicks")
         meter.phase("evict_and_compact_pending")
-        for name in COMPACTED:
+        for name in to_compact(tables, settings):
             path = tables[name]
-            # Each command costs seconds even with nothing to do: only where a pass's small files piled up.
-            if files_held(path) >= settings.maintenance_compact_at_files:
-                with table_lock(path):
-                    optimized = session.sql(f"OPTIMIZE {delta_path(path)}").collect()[0]["metrics"]
-                if optimized["numFilesRemoved"]:  # with nothing to compact, Delta commits nothing
-                    count_commit(name)
-                    done["compacted"].append(name)
-                    removed_from.add(name)
+            with table_lock(path):
+                optimized = session.sql(f"OPTIMIZE {delta_path(path)}").collect()[0]["metrics"]
+            if optimized["numFilesRemoved"]:  # with nothing to compact, Delta commits nothing
+                count_commit(name)
+                done["compacted"].append(name)
+                removed_from.add(name)
         meter.phase("optimize")
         for name in COMPACTED:
             if name in removed_from:

@@ -223,10 +223,12 @@ def test_the_aggregates_check_compares_with_the_version_the_last_refresh_names(d
 
 
 def test_table_maintenance_evicts_the_durable_tier_and_deletes_unreferenced_files(data_dir):
+    """One table compacted a run, the one with the most files; the files evicted or compacted away
+    are deleted."""
     second = 1_000_000
     t0 = 1_700_000_000 * second
     settings = PipelineSettings(query_cache_retention_seconds=60, query_cache_vacuum_retain_hours=0,
-                                maintenance_compact_at_files=2)
+                                maintenance_compact_at_files=2, maintenance_compact_tables_per_run=1)
     batches = [[0, 10, 20, 30], [40], [100]]  # seconds after t0
     with dg.instance_for_test() as instance:
         for i, batch in enumerate(batches):
@@ -236,11 +238,16 @@ def test_table_maintenance_evicts_the_durable_tier_and_deletes_unreferenced_file
                       "ranges": [{"file": f"w/{i}.jsonl", "start": 0, "end": path.stat().st_size}]}
             assert dg.materialize(ASSETS, selection=QUERY_UNIT, resources={**resources(data_dir), "settings": settings},
                                   instance=instance, run_config={"ops": {"ingest_query_logs": {"config": config}}}).success
-        result = maintain_tables_job.execute_in_process(resources={**resources(data_dir), "settings": settings},
-                                                         instance=instance)
-        done = result.output_for_node("maintain")
-    # The boundary (t0 + 40 s) passed the four queries before it; the durable tier keeps two.
-    assert done["queries_evicted"] == {"dc1": 4}
+        def maintain() -> dict:
+            return maintain_tables_job.execute_in_process(resources={**resources(data_dir), "settings": settings},
+                                                          instance=instance).output_for_node("maintain")
+
+        first = maintain()
+        # The boundary (t0 + 40 s) passed the four queries before it, the whole first file; the
+        # durable tier keeps two files, the log file map has three: it is compacted first.
+        assert (first["queries_evicted"], first["compacted"]) == ({"dc1": 4}, ["log_file_map"])
+        second_run = maintain()
+        assert (second_run["queries_evicted"], second_run["compacted"]) == ({"dc1": 0}, ["query_logs"])
     spark = SparkResource.local(shuffle_partitions=2, driver_memory="2g").session()
     query_logs = data_dir / "warehouse" / "query_logs"
     live = {p.split("/")[-1] for p in spark.read.format("delta").load(str(query_logs)).inputFiles()}
