@@ -1,11 +1,12 @@
 """Table maintenance, off the click path: what a pass would otherwise pay for now and then.
 
 Per datacenter: the durable tier's queries older than its retention leave `query_logs`, once its
-boundary has passed the oldest one held; the pending clicks' records are compacted to the current
-ones (spark_ops/pending.py). A table's small files (a pass appends one or two per table) are
-compacted (`OPTIMIZE`) once it holds `maintenance_compact_at_files`, at most
+boundary has passed the oldest one held. A table's small files (a pass appends one or two per table)
+are compacted once it holds `maintenance_compact_at_files`, at most
 `maintenance_compact_tables_per_run` tables a run, those with the most files first: a run that compacts
-every table at once holds a `photon run`'s passes for a minute. A table this run removed files
+every table at once holds a `photon run`'s passes for a minute. `pending_clicks` is compacted by
+rewriting each datacenter's records down to the current ones (spark_ops/pending.py), the others by
+`OPTIMIZE` (and `pending_clicks` too if that left as many files). A table this run removed files
 from has the files no version younger than `query_cache_vacuum_retain_hours` needs deleted (`VACUUM`):
 a run reading an older snapshot keeps its files. Files removed by retries and recovery go with the
 table's next compaction. Each command costs seconds even with nothing to do, hence the conditions.
@@ -71,15 +72,20 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
         removed_from = set()  # tables this run left unreferenced files in
         for dc in warehouse.layout.datacenters():
             done["queries_evicted"][dc] = evict_durable_tier(session, warehouse, settings, dc, now_us)
-            before, after = compact_pending(session, tables["pending_clicks"], dc)
-            done["pending_records"][dc] = {"before": before, "after": after}
             if done["queries_evicted"][dc]:
                 removed_from.add("query_logs")
-            if after < before:
-                removed_from.add("pending_clicks")
+        due = to_compact(tables, settings)  # after the eviction, which rewrites files of query_logs
+        if "pending_clicks" in due:
+            for dc in warehouse.layout.datacenters():
+                before, after = compact_pending(session, tables["pending_clicks"], dc)
+                done["pending_records"][dc] = {"before": before, "after": after}
+                if after < before:
+                    removed_from.add("pending_clicks")
         meter.phase("evict_and_compact_pending")
-        for name in to_compact(tables, settings):
+        for name in due:
             path = tables[name]
+            if files_held(path) < settings.maintenance_compact_at_files:
+                continue  # pending_clicks, rewritten to its current records above
             with table_lock(path):
                 optimized = session.sql(f"OPTIMIZE {delta_path(path)}").collect()[0]["metrics"]
             if optimized["numFilesRemoved"]:  # with nothing to compact, Delta commits nothing

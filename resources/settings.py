@@ -55,11 +55,13 @@ class PipelineSettings(dg.ConfigurableResource):
     # joined since its last refresh at most this often, and the tables are maintained (durable tier
     # eviction, pending-click records compacted, small files compacted and vacuumed) this often; a
     # table's files are compacted once it holds this many, at most this many tables a run (those
-    # with the most files first). Every hot table reaches the threshold in the same pass: compacting
-    # and vacuuming all seven at once held a live `photon run`'s passes for 60-84 s (2026-11-26).
+    # with the most files first). A pass appends a file to each hot table: at 16 files all seven were
+    # compacted and vacuumed every ~4 minutes, in one run holding a live `photon run`'s passes for
+    # 60-84 s, or spread one a run at 12-24 s a run (2026-11-26). Nothing on the click path reads
+    # these tables whole, so they may hold more files: at a pass every ~15 s, 64 is ~16 minutes.
     aggregates_refresh_seconds: float = 60.0
     maintenance_every_seconds: float = 60.0
-    maintenance_compact_at_files: int = 16
+    maintenance_compact_at_files: int = 64
     maintenance_compact_tables_per_run: int = 1
     # Pending clicks (Photon §3.2.1): retried only when query data that could hold their query has
     # arrived, and no sooner than base * 2^(attempts-1) seconds after the last attempt.
