@@ -58,7 +58,8 @@ class PipelineSettings(dg.ConfigurableResource):
     # with the most files first). A pass appends a file to each hot table: at 16 files all seven were
     # compacted and vacuumed every ~4 minutes, in one run holding a live `photon run`'s passes for
     # 60-84 s, or spread one a run at 12-24 s a run (2026-11-26). Nothing on the click path reads
-    # these tables whole, so they may hold more files: at a pass every ~15 s, 64 is ~16 minutes.
+    # these tables whole, so they may hold more files: at one or two files a pass every ~15 s, 64
+    # files is 8-16 minutes.
     aggregates_refresh_seconds: float = 60.0
     maintenance_every_seconds: float = 60.0
     maintenance_compact_at_files: int = 64

@@ -148,10 +148,7 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
     ),
 }
 
-# Set when a table is created. query_logs keeps file statistics only for the column its readers
-# filter on (the cache window and the eviction, by event time): collecting them for every column of
-# a query unit's ~400k rows took ~0.35 s of each append.
-# A retry looks for its work unit's rows (append_once): work_unit keeps statistics too.
+# Set when a table is created.
 # Spark writes a table's checkpoint in the commit that reaches a multiple of its interval (~2.3 s on
 # 2 cores). A pass commits once to each of these tables, so with one interval every table would
 # checkpoint in the same pass: distinct intervals spread them over passes.
@@ -160,6 +157,10 @@ CHECKPOINT_INTERVALS = {"query_logs": 10, "log_file_map": 11, "click_ledger": 12
 TABLE_PROPERTIES: dict[str, dict[str, str]] = {
     name: {"delta.checkpointInterval": str(interval)} for name, interval in CHECKPOINT_INTERVALS.items()
 }
+# query_logs keeps file statistics only for the column its readers filter on (the cache window and
+# the eviction, by event time): collecting them for every column of a query unit's ~400k rows took
+# ~0.35 s of each append. A retry looks for its work unit's rows (append_once): work_unit keeps
+# statistics too.
 TABLE_PROPERTIES["query_logs"]["delta.dataSkippingStatsColumns"] = "timestamp_us,work_unit"
 # The aggregates refresh reads what was added since it last ran (spark_ops/aggregates.py).
 TABLE_PROPERTIES["joined_clicks"]["delta.enableChangeDataFeed"] = "true"
