@@ -161,7 +161,8 @@ class RecentQueries:
             held.horizon_ts = max(held.horizon_ts, piece.max_ts)
             held.evicted_rows += piece.table.num_rows
 
-        gone = [k for k in order if held.newest_ts is not None and held.pieces[k].max_ts < held.newest_ts - retention_us]
+        oldest_kept = None if held.newest_ts is None else held.newest_ts - retention_us
+        gone = [k for k in order if oldest_kept is not None and held.pieces[k].max_ts < oldest_kept]
         for key in gone:
             leave(key)
         order = [k for k in order if k in held.pieces]
@@ -218,8 +219,9 @@ class RecentQueries:
 
     def stats(self) -> dict:
         with self._lock:
-            return {dc: {"rows": h.rows, "located_rows": h.located_rows, "bytes": h.nbytes, "pieces": len(h.pieces), "horizon_ts": h.horizon_ts,
-                         "newest_ts": h.newest_ts, "hits": h.hits, "misses": h.misses, "evicted_rows": h.evicted_rows}
+            return {dc: {"rows": h.rows, "located_rows": h.located_rows, "bytes": h.nbytes, "pieces": len(h.pieces),
+                         "horizon_ts": h.horizon_ts, "newest_ts": h.newest_ts, "hits": h.hits, "misses": h.misses,
+                         "evicted_rows": h.evicted_rows}
                     for dc, h in self._dcs.items()}
 
 
