@@ -10,13 +10,13 @@ here costs tens of milliseconds: docs/STACK.md.)
 
 Query runs put their work unit's valid query lines here before they append them to `query_logs`
 (the durable tier) and record the writers' progress; a click run's executors look their clicks'
-query ids up here first. What is held is bounded: by event time (pieces whose newest query is more
-than `retention_seconds` behind the datacenter's newest are dropped) and by bytes (the oldest
-pieces go first). Over its bytes, the oldest pieces first give up their lines and keep only where
-each line lies in the raw logs (file, offset, length: ~60 bytes a query against ~400 with the line),
-and only then leave: the lookup reads a located query's line from the log itself (`read_located`),
-a seek and a read in the click run's own task, instead of a search of the durable tier by Spark
-jobs (~4-5 s a click run, however few the clicks). Everything is lost when the process ends; the
+query ids up here first. What is held is bounded by bytes. Pieces whose newest query is more than
+`retention_seconds` behind the datacenter's newest, and then, over the bytes, the oldest pieces,
+give up their lines and keep only where each line lies in the raw logs (file, offset, length: ~60
+bytes a query against ~400 with the line); only then, over the bytes, do the oldest leave. The
+lookup reads a located query's line from the log itself (`read_located`), a seek and a read in the
+click run's own task, instead of a search of the durable tier by Spark jobs (~4-5 s a click run,
+however few the clicks; ~30 s for a backlog's hour of event time). Everything is lost when the process ends; the
 durable tiers answer then.
 
 The horizon makes a miss conclusive. Every query ingested after this process started holds its put
@@ -148,35 +148,29 @@ class RecentQueries:
 
     @staticmethod
     def _evict(held: _Datacenter, retention_us: int, budget_bytes: int) -> int:
-        """Pieces past the retention leave; then, while over the budget, the oldest give up their
-        lines, and only then the oldest leave. Oldest by event time: a piece of a late shipment may
-        be put after newer ones. Returns the pieces that left."""
+        """Pieces past the retention give up their lines; then, while over the budget, the oldest give
+        up theirs, and only then the oldest leave. A located query costs ~60 bytes, so the budget holds
+        millions: a backlog of an hour of event time is still answered from here. Oldest by event
+        time: a piece of a late shipment may be put after newer ones. Returns the pieces that left."""
         order = sorted(held.pieces, key=lambda k: held.pieces[k].max_ts)
         total = held.nbytes
-
-        def leave(key) -> None:
-            nonlocal total
+        oldest_lined = None if held.newest_ts is None else held.newest_ts - retention_us
+        for key in order:
+            piece = held.pieces[key]
+            past = oldest_lined is not None and piece.max_ts < oldest_lined
+            if not (past or total > budget_bytes):
+                break
+            if not piece.located:
+                held.pieces[key] = piece.without_lines()
+                total -= piece.nbytes - held.pieces[key].nbytes
+        gone = []
+        for key in order:
+            if total <= budget_bytes:
+                break
             piece = held.pieces.pop(key)
             total -= piece.nbytes
             held.horizon_ts = max(held.horizon_ts, piece.max_ts)
             held.evicted_rows += piece.table.num_rows
-
-        oldest_kept = None if held.newest_ts is None else held.newest_ts - retention_us
-        gone = [k for k in order if oldest_kept is not None and held.pieces[k].max_ts < oldest_kept]
-        for key in gone:
-            leave(key)
-        order = [k for k in order if k in held.pieces]
-        for key in order:
-            if total <= budget_bytes:
-                break
-            piece = held.pieces[key]
-            if not piece.located:
-                held.pieces[key] = piece.without_lines()
-                total -= piece.nbytes - held.pieces[key].nbytes
-        for key in order:
-            if total <= budget_bytes:
-                break
-            leave(key)
             gone.append(key)
         return len(gone)
 

@@ -40,10 +40,10 @@ class PipelineSettings(dg.ConfigurableResource):
     retry_backoff_max_seconds: float = 300.0
     max_attempts: int = 8
     # EventStore memory tier (Photon §3.4.1, resources/recent_queries.py): the registry service holds
-    # the queries of this much event time behind the newest, within this many bytes per datacenter:
-    # over it, the oldest keep only where their line lies in the logs (~60 bytes a query, ~400 with
-    # the line), and then leave. Clicks follow their query by seconds to minutes: at 10,000 queries/s,
-    # 512 MiB holds ~2 minutes of lines, or the 10 minutes mostly located.
+    # the lines of this much event time behind the newest query, and older queries by where their
+    # line lies in the logs (~60 bytes a query, ~400 with the line), within this many bytes per
+    # datacenter: over it, the oldest give up their lines, then leave. Clicks follow their query by
+    # seconds to minutes: at 10,000 queries/s, 512 MiB holds ~2 minutes of lines, or ~15 located.
     query_memory_seconds: float = 600.0
     query_memory_bytes: int = 512 << 20
     # EventStore durable tier: query_logs keeps this much event time of queries behind the newest

@@ -1,6 +1,6 @@
 """The EventStore's memory tier (resources/recent_queries.py): pieces held by work unit, looked up by
-query id, evicted by event time and by bytes (giving up their lines first), the horizon that makes a
-miss conclusive, and located queries' lines read back from the logs."""
+query id, giving up their lines by event time and by bytes and leaving by bytes, the horizon that
+makes a miss conclusive, and located queries' lines read back from the logs."""
 
 import pyarrow as pa
 import pytest
@@ -65,22 +65,26 @@ def test_a_later_attempt_replaces_its_units_pieces_and_future_queries_are_held_a
     assert store.stats()["dc1"]["pieces"] == 0 and store.horizon("dc1") == NOW + 3600 * SECOND
 
 
-def test_pieces_leave_by_event_time_and_by_bytes_and_raise_the_horizon():
+def test_pieces_give_up_their_lines_by_event_time_and_bytes_and_leave_by_bytes_raising_the_horizon():
     store = RecentQueries()
     assert store.horizon("dc1") is None  # nothing put since the process started: no miss is conclusive
     put(store, "u1", lines("10.1.0.1:7", [NOW, NOW + 10 * SECOND]), before=NOW - SECOND)
     assert store.horizon("dc1") == NOW - SECOND  # what was ingested before the first piece may be missing
+    # Past the retention, a piece gives up its lines but stays: the horizon does not move.
     put(store, "u2", lines("10.1.0.1:7", [NOW + 100 * SECOND]), retention=60)
-    assert store.horizon("dc1") == NOW + 10 * SECOND and store.stats()["dc1"]["pieces"] == 1
-    # Over the byte budget, the oldest piece first gives up its lines, whatever its age: still held, located.
-    two = lines("10.1.0.1:7", [NOW + 100 * SECOND]), lines("10.1.0.2:8", [NOW + 101 * SECOND])
-    put(store, "u3", two[1], budget=held_bytes(*two) - 1)
     stats = store.stats()["dc1"]
-    assert (stats["pieces"], stats["located_rows"]) == (2, 1) and store.horizon("dc1") == NOW + 10 * SECOND
+    assert (stats["pieces"], stats["located_rows"]) == (2, 2) and store.horizon("dc1") == NOW - SECOND
+    assert store.get("dc1", wanted(f"10.1.0.1:7:{NOW}"))["line"].to_pylist() == [None]
+    # Over the byte budget, the oldest piece with lines gives them up, whatever its age.
+    three = lines("10.1.0.1:7", [NOW + 100 * SECOND]), lines("10.1.0.2:8", [NOW + 101 * SECOND])
+    budget = store.stats()["dc1"]["bytes"] + held_bytes(three[1]) - 1
+    put(store, "u3", three[1], budget=budget)
+    stats = store.stats()["dc1"]
+    assert (stats["pieces"], stats["located_rows"]) == (3, 3) and store.horizon("dc1") == NOW - SECOND
     located = store.get("dc1", wanted(f"10.1.0.1:7:{NOW + 100 * SECOND}"))
     assert located["line"].to_pylist() == [None] and located["file"].to_pylist() == ["q.jsonl"]
     assert store.get("dc1", wanted(f"10.1.0.2:8:{NOW + 101 * SECOND}"))["line"].null_count == 0
-    # Still over it once every piece is located: the oldest leaves, and the horizon covers it.
+    # Still over it once every piece is located: the oldest leave, and the horizon covers them.
     put(store, "u4", lines("10.1.0.2:8", [NOW + 102 * SECOND]), budget=1)
     assert store.stats()["dc1"]["pieces"] == 0 and store.horizon("dc1") == NOW + 102 * SECOND
 
