@@ -40,7 +40,7 @@ import pyarrow.dataset as ds
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from resources.registry import IdRegistry
+from resources.registry_api import IdRegistry
 from spark_ops.event_store import EventStore, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from resources.recent_queries import read_located
-from resources.registry import IdRegistry
+from resources.registry_api import IdRegistry
 from spark_ops.handoff import materialize, stage, unstage
 from spark_ops.schemas import arrow_schema
 
