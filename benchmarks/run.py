@@ -66,8 +66,8 @@ PHOTON_STATE_DIRS = ("warehouse", "registry", "state", "dagster")
 
 # -- processes and their memory ------------------------------------------------
 
-def process_tree_rss(root: int) -> int:
-    """Resident bytes of a process and all its descendants, from /proc."""
+def process_tree_rss(root: int) -> dict[int, int]:
+    """Resident bytes of a process and each of its descendants (pid -> bytes), from /proc."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -80,12 +80,41 @@ def process_tree_rss(root: int) -> int:
             rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):
             continue
-    total, stack = 0, [root]
+    tree, stack = {}, [root]
     while stack:
         pid = stack.pop()
-        total += rss.get(pid, 0)
+        tree[pid] = rss.get(pid, 0)
         stack.extend(children.get(pid, []))
-    return total
+    return tree
+
+
+def process_kind(pid: int, root: int) -> str:
+    """What a process of the tree is, to say where the memory goes."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "gone"
+    if pid == root:
+        return "main"
+    if Path(command[0]).name == "java":
+        return "jvm"
+    if any(arg.endswith(("pyspark.daemon", "worker_daemon")) for arg in command):
+        return "python workers"
+    if "registry" in command and "serve" in command:
+        return "registry service"
+    return Path(command[0]).name
+
+
+def proportional_bytes(pid: int) -> int:
+    """A process's proportional set size: its resident pages, each shared one divided among the
+    processes that map it (forked Python workers share most of theirs)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 class Measured:
@@ -95,6 +124,7 @@ class Measured:
         self.command, self.log = command, log
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.peak_rss_bytes = 0
+        self.peak_breakdown: dict[str, dict[str, int]] = {}  # at the peak: kind -> processes, rss, pss
 
     def start(self) -> "Measured":
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +138,16 @@ class Measured:
 
     def _sample(self) -> None:
         while self.process.poll() is None:
-            self.peak_rss_bytes = max(self.peak_rss_bytes, process_tree_rss(self.process.pid))
+            tree = process_tree_rss(self.process.pid)
+            if sum(tree.values()) > self.peak_rss_bytes:
+                self.peak_rss_bytes = sum(tree.values())
+                kinds: dict[str, dict[str, int]] = {}
+                for pid, rss in tree.items():
+                    kind = kinds.setdefault(process_kind(pid, self.process.pid), {"processes": 0, "rss": 0, "pss": 0})
+                    kind["processes"] += 1
+                    kind["rss"] += rss
+                    kind["pss"] += proportional_bytes(pid)
+                self.peak_breakdown = kinds
             time.sleep(0.2)
 
     def wait(self) -> str:
@@ -175,6 +214,7 @@ def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600) ->
         "input_bytes": size,
         "input_mb_per_second": round(size / MB / wall, 3),
         "peak_rss_bytes": measured.peak_rss_bytes,
+        "peak_memory_by_process": measured.peak_breakdown,
         "bytes_written": written,
         "write_amplification": round(sum(written.values()) / size, 3),
         "runs": summary["runs"],
@@ -281,6 +321,7 @@ def run_peer(peer: str, data_dir: Path, out_dir: Path, logs: Path, *options: str
         "wall_to_done_seconds": (round(result["session_start_seconds"] + result["wall_seconds"], 2)
                                  if peer == "streaming" else measured.wall_seconds),
         "peak_rss_bytes": peak,
+        "peak_memory_by_process": measured.peak_breakdown,
         "bytes_written": written,
         "write_amplification": round(written / result["input_bytes"], 3),
     }
@@ -511,6 +552,7 @@ def live_run(system: str, args, work: Path) -> dict:
         "exit_code": measured.returncode,
         "wall_seconds": measured.wall_seconds,
         "peak_rss_bytes": max(measured.peak_rss_bytes, (output or {}).get("jvm_peak_rss_bytes") or 0),
+        "peak_memory_by_process": measured.peak_breakdown,
         ("summary" if system == "photon" else "peer"): output,
         "joinable_clicks": len(truth["joinable_click_ids"]),
         "joined_visible": len(latencies),
