@@ -67,9 +67,12 @@ PHOTON_STATE_DIRS = ("warehouse", "registry", "state", "dagster")
 # -- processes and their memory ------------------------------------------------
 
 def process_tree_rss(root: int) -> dict[int, int]:
-    """Resident bytes of a process and each of its descendants (pid -> bytes), from /proc."""
+    """Resident bytes of a process and each of its descendants (pid -> bytes), from /proc. A child
+    with its parent's very address space (same size, same resident pages) is one that has not yet
+    exec'd the program it was started for (Java and Python start commands with vfork): counting it
+    would count its parent twice (a JVM spawning a command had added its whole 1.8 GB)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    memory: dict[int, tuple[int, int]] = {}  # pid -> (virtual size, resident bytes)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -77,14 +80,15 @@ def process_tree_rss(root: int) -> dict[int, int]:
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
             children.setdefault(int(fields[1]), []).append(int(entry.name))
-            rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            memory[int(entry.name)] = (int(fields[20]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE"))
         except (OSError, ValueError, IndexError):
             continue
-    tree, stack = {}, [root]
+    tree, stack = {}, [(root, None)]
     while stack:
-        pid = stack.pop()
-        tree[pid] = rss.get(pid, 0)
-        stack.extend(children.get(pid, []))
+        pid, parent = stack.pop()
+        if pid in memory and memory[pid] != memory.get(parent):
+            tree[pid] = memory[pid][1]
+        stack.extend((child, pid) for child in children.get(pid, []))
     return tree
 
 
