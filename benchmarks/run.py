@@ -68,11 +68,14 @@ PHOTON_STATE_DIRS = ("warehouse", "registry", "state", "dagster")
 
 def process_tree_rss(root: int) -> dict[int, int]:
     """Resident bytes of a process and each of its descendants (pid -> bytes), from /proc. A child
-    with its parent's very address space (same size, same resident pages) is one that has not yet
-    exec'd the program it was started for (Java and Python start commands with vfork): counting it
-    would count its parent twice (a JVM spawning a command had added its whole 1.8 GB)."""
+    with its parent's very address space (the same virtual size, to the byte) is one that has not
+    yet exec'd the program it was started for (the JVM starts commands with vfork, e.g. Hadoop's
+    `chmod` where its native library is missing): counting it would count its parent twice (in a
+    live run, two such children of the JVM added 3 GB to a 3.6 GB peak). Its resident bytes, read a
+    moment apart from its parent's, need not match."""
     children: dict[int, list[int]] = {}
-    memory: dict[int, tuple[int, int]] = {}  # pid -> (virtual size, resident bytes)
+    vsize: dict[int, int] = {}
+    rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -80,14 +83,15 @@ def process_tree_rss(root: int) -> dict[int, int]:
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
             children.setdefault(int(fields[1]), []).append(int(entry.name))
-            memory[int(entry.name)] = (int(fields[20]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE"))
+            vsize[int(entry.name)] = int(fields[20])
+            rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):
             continue
     tree, stack = {}, [(root, None)]
     while stack:
         pid, parent = stack.pop()
-        if pid in memory and memory[pid] != memory.get(parent):
-            tree[pid] = memory[pid][1]
+        if pid in rss and vsize[pid] != vsize.get(parent):
+            tree[pid] = rss[pid]
         stack.extend((child, pid) for child in children.get(pid, []))
     return tree
 
