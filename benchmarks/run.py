@@ -68,13 +68,11 @@ PHOTON_STATE_DIRS = ("warehouse", "registry", "state", "dagster")
 
 def process_tree_rss(root: int) -> dict[int, int]:
     """Resident bytes of a process and each of its descendants (pid -> bytes), from /proc. A child
-    with its parent's very address space (the same virtual size, to the byte) is one that has not
-    yet exec'd the program it was started for (the JVM starts commands with vfork, e.g. Hadoop's
-    `chmod` where its native library is missing): counting it would count its parent twice (in a
-    live run, two such children of the JVM added 3 GB to a 3.6 GB peak). Its resident bytes, read a
-    moment apart from its parent's, need not match."""
+    of a JVM running the JVM's own executable is one between its vfork and the exec of the command
+    it was started for (the JVM runs `bash` for Hadoop's file permissions, Hadoop's native library
+    being absent): it shares the JVM's memory, and counting it would count the JVM twice (in live
+    runs, such children added 1.5-3 GB to peaks of 3.6-3.8 GB)."""
     children: dict[int, list[int]] = {}
-    vsize: dict[int, int] = {}
     rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -83,17 +81,25 @@ def process_tree_rss(root: int) -> dict[int, int]:
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
             children.setdefault(int(fields[1]), []).append(int(entry.name))
-            vsize[int(entry.name)] = int(fields[20])
             rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):
             continue
     tree, stack = {}, [(root, None)]
     while stack:
         pid, parent = stack.pop()
-        if pid in rss and vsize[pid] != vsize.get(parent):
-            tree[pid] = rss[pid]
+        if pid not in rss or (parent is not None and _spawning_jvm(pid, parent)):
+            continue
+        tree[pid] = rss[pid]
         stack.extend((child, pid) for child in children.get(pid, []))
     return tree
+
+
+def _spawning_jvm(pid: int, parent: int) -> bool:
+    try:
+        executable = os.readlink(f"/proc/{parent}/exe")
+        return Path(executable).name == "java" and os.readlink(f"/proc/{pid}/exe") == executable
+    except OSError:
+        return False
 
 
 def process_kind(pid: int, root: int) -> str:

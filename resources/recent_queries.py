@@ -16,8 +16,8 @@ give up their lines and keep only where each line lies in the raw logs (file, of
 bytes a query against ~400 with the line); only then, over the bytes, do the oldest leave. The
 lookup reads a located query's line from the log itself (`read_located`), a seek and a read in the
 click run's own task, instead of a search of the durable tier by Spark jobs (~4-5 s a click run,
-however few the clicks; ~30 s for a backlog's hour of event time). Everything is lost when the process ends; the
-durable tiers answer then.
+however few the clicks; ~30 s for a backlog's hour of event time). Everything is lost when the
+process ends; the durable tiers answer then.
 
 The horizon makes a miss conclusive. Every query ingested after this process started holds its put
 (a query run puts before it records progress), and pieces leave only by eviction. So the horizon of

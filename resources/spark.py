@@ -91,7 +91,8 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         # file committer moves task output into place once instead of twice (~0.1 s a write here).
         "spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version": "2",
         # Python workers forked with the modules our tasks use already imported, and without the
-        # Spark jar on their path that each task's import cache reset re-read (~0.1 s a task).
+        # Spark jar and pyspark's zips on their path, which each task's import cache reset re-read
+        # (~0.1 s a task).
         "spark.python.daemon.module": "spark_ops.worker_daemon",
         **jvm_options(),
     }
