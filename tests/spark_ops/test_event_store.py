@@ -180,8 +180,8 @@ def test_the_durable_tier_stays_bounded_while_the_logs_grow(tmp_path, spark):
 def test_the_memory_tier_answers_and_its_misses_are_conclusive_up_to_its_horizon(tmp_path, spark):
     """A click whose query the memory tier holds is found with no table read; one whose query id names
     a time past the tier's horizon, of a writer ingested past it, is not read for (the query was
-    never logged); once its time is below the horizon (an eviction), the durable and logs tiers are
-    asked; a writer not ingested up to the query's time is not read for either."""
+    never logged); once its time is below the horizon (an eviction by bytes), the durable and logs
+    tiers are asked; a writer not ingested up to the query's time is not read for either."""
     query_dir = tmp_path / "query"
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
@@ -201,10 +201,11 @@ def test_the_memory_tier_answers_and_its_misses_are_conclusive_up_to_its_horizon
     first = join("dc1.click.0", {"c1", "stray", "waits"})
     assert (first.memory_hits, first.joined, first.pending, first.not_ingested_yet) == (1, 1, 2, 1)
     assert (first.durable_hits, first.logs_hits, first.logs_ranges_read) == (0, 0, 0)
-    # A newer piece evicts the first by event time: its queries are no longer conclusive.
+    # A newer piece past the byte budget evicts every piece: their queries are no longer conclusive.
+    # (By event time alone the first would only give up its lines, and stay conclusive.)
     write_lines(query_dir / "a" / "1.jsonl", [query(qid("10.1.0.1:7", 5000), T0 + 5000 * SECOND)])
-    ingest(spark, query_dir, tables, ["a/1.jsonl"], "dc1.query.1", registry=registry)
-    assert registry.queries_horizon("dc1") == T0 + 99 * SECOND
+    ingest(spark, query_dir, tables, ["a/1.jsonl"], "dc1.query.1", registry=registry, memory_bytes=1)
+    assert registry.queries_horizon("dc1") == T0 + 5000 * SECOND
     again = join("dc1.click.1", {"stray"})
     assert (again.memory_hits, again.durable_hits, again.pending, again.logs_ranges_read) == (0, 0, 1, 1)
     registry.close()
