@@ -153,8 +153,9 @@ class Measured:
     def _sample(self) -> None:
         while self.process.poll() is None:
             tree = process_tree_rss(self.process.pid)
-            if sum(tree.values()) > self.peak_rss_bytes:
-                self.peak_rss_bytes = sum(tree.values())
+            total = sum(tree.values())
+            if total > self.peak_rss_bytes:
+                self.peak_rss_bytes = total
                 kinds: dict[str, dict[str, int]] = {}
                 for pid, rss in tree.items():
                     kind = kinds.setdefault(process_kind(pid, self.process.pid), {"processes": 0, "rss": 0, "pss": 0})
