@@ -65,7 +65,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from photon.gen import SUMMARY_FILE
+from photon.gen import SUMMARY_FILE, GenConfig
+
+REPO = Path(__file__).resolve().parent.parent
 
 MB = 1_000_000
 
@@ -175,27 +177,93 @@ def run_duckdb(data_dir: Path, out_dir: Path, datacenter: str = "dc1") -> dict:
 
 # -- Spark Structured Streaming: stream-stream join ---------------------------
 
-STATE_STORE_CONF = {
-    # RocksDB keeps join and dedup state off the JVM heap; changelog checkpointing uploads only
-    # the changes of a batch (both recommended by the Spark and Databricks guides).
-    "spark.sql.streaming.stateStore.providerClass":
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    # One state store instance per shuffle partition and stateful operator: 2 for 2 cores.
-    "spark.sql.shuffle.partitions": "2",
-}
+# The workload's real bound on the query-to-click delay (the generator's cap, `photon gen
+# --click-delay-max-s`): the default join window and watermark of both streaming peers.
+CLICK_DELAY_MAX_SECONDS = GenConfig.click_delay_max_s
+DEFAULT_BOUND = f"{CLICK_DELAY_MAX_SECONDS:g} seconds"
+
+# Structured Streaming's own session, as a user of this 2-core, 24 GiB machine would start it for
+# this one query (issue 45). Nothing is taken from Photon's settings (resources/settings.py, or
+# resources/spark.py's driver memory, sized for Photon's 4 GiB budget): only Delta's jars are the
+# project's, fetched by scripts/setup.sh into .cache/jars.
+STREAMING_DRIVER_MEMORY = "8g"
+# One state store instance per shuffle partition and stateful operator: 2 for 2 cores.
+STREAMING_SHUFFLE_PARTITIONS = 2
+DELTA_JARS_DIR = REPO / ".cache" / "jars"
 
 
-def timed_session(spark=None):
-    """The given session, or this process's own, started now: (session, seconds its start took,
-    None for a given one)."""
+def streaming_conf(shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS) -> dict[str, str]:
+    """The runtime SQL settings of the streaming query (set for its block on a shared session)."""
+    return {
+        # RocksDB keeps join and dedup state off the JVM heap; changelog checkpointing uploads only
+        # the changes of a batch (both recommended by the Spark and Databricks guides).
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+    }
+
+
+STATE_STORE_CONF = streaming_conf()
+
+
+def streaming_session_conf(driver_memory: str = STREAMING_DRIVER_MEMORY,
+                           shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS) -> dict[str, str]:
+    """The static settings of the peer's own local session."""
+    jars = sorted(DELTA_JARS_DIR.glob("delta-spark_2.13-*.jar")) + sorted(DELTA_JARS_DIR.glob("delta-storage-*.jar"))
+    if len(jars) < 2:
+        raise SystemExit(f"Delta jars missing in {DELTA_JARS_DIR}: run scripts/setup.sh first")
+    return {
+        "spark.master": "local[2]",
+        "spark.app.name": "peer-structured-streaming",
+        "spark.driver.memory": driver_memory,
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "ERROR",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.default.parallelism": str(shuffle_partitions),
+        **streaming_conf(shuffle_partitions),
+    }
+
+
+def streaming_session(driver_memory: str = STREAMING_DRIVER_MEMORY,
+                      shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS):
+    """The peer's own local session (the first one of this process)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder
+    for key, value in streaming_session_conf(driver_memory, shuffle_partitions).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def timed_session(spark=None, factory=None):
+    """The given session, or this process's own, started now by factory (default: the project's
+    session, for the Spark batch peer): (session, seconds its start took, None for a given one)."""
     if spark is not None:
         return spark, None
-    from resources.spark import delta_session
+    if factory is None:
+        from resources.spark import delta_session as factory
 
     started = time.monotonic()
-    spark = delta_session()
+    spark = factory()
     return spark, round(time.monotonic() - started, 3)
+
+
+def streaming_settings(spark, conf: dict[str, str], **options) -> dict:
+    """What the Structured Streaming peer ran with: its session's memory and its query's settings."""
+    return {
+        "spark.driver.memory": spark.conf.get("spark.driver.memory", None),
+        "spark.master": spark.conf.get("spark.master", None),
+        **conf,
+        **options,
+    }
 
 
 def json_source(reader, schema: str):
@@ -317,33 +385,38 @@ def torn_line_behaviour(spark, data_dir: Path, datacenter: str, truth: dict) -> 
             "read_as_malformed_record": malformed == 1}
 
 
-def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = "10 minutes",
-                  join_window: str = "10 minutes", max_files_per_trigger: int | None = 4, spark=None,
-                  replay: bool = True) -> dict:
+def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = DEFAULT_BOUND,
+                  join_window: str = DEFAULT_BOUND, max_files_per_trigger: int | None = 4, spark=None,
+                  replay: bool = True, driver_memory: str = STREAMING_DRIVER_MEMORY,
+                  shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS) -> dict:
     """The stream-stream join over the backlog, then a replay with a fresh checkpoint.
 
-    Default watermark, 10 minutes, on both sides: twice the generator's cap on the query-to-click
-    delay (300 s; the mean is 20 s), far above the 30 s within which a duplicate click line
-    reappears and above the skew between the regular query writers' files read in one trigger.
-    A Spark user sizing the watermark from the click delay would choose about this. It is not
-    meant to cover the late queries: a delayed log shipment arrives after the other queries have
-    moved the watermark past it, and its queries are dropped as late (Spark judges a row against
-    the watermark of the previous micro-batch), and with them their clicks. Covering the longest
-    shipment delay (here `--watermark "1 hour"`, the whole span) joins them, at the price of
-    keeping that much state. The join window of 10 minutes covers the 300 s cap with a margin.
+    Default watermark and join window: the workload's real bound, the generator's cap on the
+    query-to-click delay (300 s; the mean is 20 s), well above the 30 s within which a duplicate
+    click line reappears and above the skew between the regular query writers' files read in one
+    trigger. It is not meant to cover the late queries: a delayed log shipment arrives after the
+    other queries have moved the watermark past it, and its queries are dropped as late (Spark
+    judges a row against the watermark of the previous micro-batch), and with them their clicks.
+    Covering the longest shipment delay (here `--watermark "1 hour"`, the whole span) joins them,
+    at the price of keeping that much state. (Before issue 45 both were 10 minutes.)
 
     Default files per trigger, 4 (for each source): one file of each regular query writer per
     micro-batch, so the backlog is replayed in the order in which its files were completed
     (the file source goes by modification time), a few minutes of event time at a time. With no
     limit, availableNow reads the whole backlog in one micro-batch and the watermark drops nothing.
+
+    Without a given session, the peer starts its own (`streaming_session`: 8 GiB driver, 2 shuffle
+    partitions); a given one (the test suite's) keeps its static settings.
     """
-    spark, session_start_seconds = timed_session(spark)
+    spark, session_start_seconds = timed_session(
+        spark, lambda: streaming_session(driver_memory, shuffle_partitions))
     data_dir, out = Path(data_dir), Path(out_dir) / "streaming"
     shutil.rmtree(out, ignore_errors=True)
     table = out / "joined_clicks"
     truth = ground_truth(data_dir)
     options = dict(watermark=watermark, join_window=join_window, max_files_per_trigger=max_files_per_trigger)
-    with session_conf(spark, STATE_STORE_CONF):
+    conf = streaming_conf(shuffle_partitions)
+    with session_conf(spark, conf):
         first = run_stream_once(spark, data_dir, datacenter, table, out / "checkpoint-1", **options)
         output_bytes = tree_bytes(table)
         result = spark.read.format("delta").load(str(table))
@@ -360,10 +433,11 @@ def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", waterm
     return {
         "peer": "spark_structured_streaming",
         "spark_version": spark.version,
+        "settings": streaming_settings(spark, conf, trigger="availableNow", **options),
         "watermark": watermark,
         "join_window": join_window,
         "max_files_per_trigger": max_files_per_trigger,
-        "state_store": STATE_STORE_CONF["spark.sql.streaming.stateStore.providerClass"].rsplit(".", 1)[1],
+        "state_store": conf["spark.sql.streaming.stateStore.providerClass"].rsplit(".", 1)[1],
         "session_start_seconds": session_start_seconds,
         "wall_seconds": wall,
         "micro_batches": first["micro_batches"],
@@ -451,55 +525,80 @@ def ship_completed_files(source: Path, target: Path, shipped: set[Path], all_com
     return linked
 
 
-def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = "10 minutes",
-                       join_window: str = "10 minutes", poll_seconds: float = 0.2,
-                       timeout_seconds: float = 3600) -> dict:
-    """The stream-stream join of `run_streaming`, run continuously while `photon gen --follow`
-    writes the logs: default trigger (a micro-batch as soon as the previous one ends), every new
-    file in each micro-batch, the Delta sink committing each one. Complete files are shipped into
-    its source directories every poll_seconds; once the generator has written its summary, the
-    last files are shipped, everything available is processed and the query stops.
+class Shipper:
+    """A thread that ships the complete log files of both streams into shipped_root every
+    poll_seconds (`ship_completed_files`), until the generator has written its summary: then the
+    last files are shipped and it ends."""
 
-    The table is left in out_dir/streaming-live/joined_clicks, whose Delta log gives each click's
-    visible time, as for Photon."""
-    spark, session_start_seconds = timed_session()
-    data_dir, out = Path(data_dir), Path(out_dir) / "streaming-live"
-    shutil.rmtree(out, ignore_errors=True)
-    shipped_root = out / "shipped"
-    streams = ("query", "click")
-    for stream in streams:
-        stream_dir(shipped_root, datacenter, stream).mkdir(parents=True)
-    table = out / "joined_clicks"
-    shipped: set[Path] = set()
-    failure: list[BaseException] = []
+    STREAMS = ("query", "click")
 
-    def ship_until_generator_done() -> None:
+    def __init__(self, data_dir: Path, datacenter: str, shipped_root: Path, poll_seconds: float = 0.2):
+        self.data_dir, self.datacenter, self.root, self.poll_seconds = data_dir, datacenter, shipped_root, poll_seconds
+        self.shipped: set[Path] = set()
+        self.failure: list[BaseException] = []
+        for stream in self.STREAMS:
+            stream_dir(shipped_root, datacenter, stream).mkdir(parents=True, exist_ok=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
         try:
             while True:
                 # Read before listing: once the summary exists, every file listed after is complete.
-                done = (data_dir / SUMMARY_FILE).exists()
-                for stream in streams:
-                    ship_completed_files(stream_dir(data_dir, datacenter, stream),
-                                         stream_dir(shipped_root, datacenter, stream), shipped, done)
+                done = (self.data_dir / SUMMARY_FILE).exists()
+                for stream in self.STREAMS:
+                    ship_completed_files(stream_dir(self.data_dir, self.datacenter, stream),
+                                         stream_dir(self.root, self.datacenter, stream), self.shipped, done)
                 if done:
                     return
-                time.sleep(poll_seconds)
+                time.sleep(self.poll_seconds)
         except BaseException as error:  # surfaced in the main thread
-            failure.append(error)
+            self.failure.append(error)
 
-    settings = {**STATE_STORE_CONF, "spark.sql.streaming.numRecentProgressUpdates": "1000000"}
-    with session_conf(spark, settings):
-        frame = joined_click_stream(spark, shipped_root, datacenter, watermark, join_window, None)
-        query = (frame.writeStream.format("delta").outputMode("append")
-                 .option("checkpointLocation", str(out / "checkpoint")).start(str(table)))
-        shipper = threading.Thread(target=ship_until_generator_done, daemon=True)
-        shipper.start()
-        shipper.join(timeout_seconds)
-        if failure or shipper.is_alive():
-            query.stop()
-            if failure:
-                raise failure[0]
+    def start(self) -> "Shipper":
+        self.thread.start()
+        return self
+
+    def wait(self, timeout_seconds: float, stop) -> None:
+        """Until the last shipment; on a failure or the timeout, calls stop() and raises."""
+        self.thread.join(timeout_seconds)
+        if self.failure or self.thread.is_alive():
+            stop()
+            if self.failure:
+                raise self.failure[0]
             raise SystemExit(f"the generator had not finished after {timeout_seconds} s")
+
+
+def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = DEFAULT_BOUND,
+                       join_window: str = DEFAULT_BOUND, poll_seconds: float = 0.2,
+                       timeout_seconds: float = 3600, driver_memory: str = STREAMING_DRIVER_MEMORY,
+                       shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS, trigger_seconds: float = 0) -> dict:
+    """The stream-stream join of `run_streaming`, run continuously while `photon gen --follow`
+    writes the logs: by default the default trigger (a micro-batch as soon as the previous one ends:
+    as fast as it keeps up; `trigger_seconds` > 0 sets a processing-time trigger), every new file in
+    each micro-batch, the Delta sink committing each one. Complete files are shipped into its source
+    directories every poll_seconds; once the generator has written its summary, the last files are
+    shipped, everything available is processed and the query stops.
+
+    The table is left in out_dir/streaming-live/joined_clicks, whose Delta log gives each click's
+    visible time, as for Photon."""
+    spark, session_start_seconds = timed_session(None, lambda: streaming_session(driver_memory, shuffle_partitions))
+    data_dir, out = Path(data_dir), Path(out_dir) / "streaming-live"
+    shutil.rmtree(out, ignore_errors=True)
+    shipped_root = out / "shipped"
+    shipper = Shipper(data_dir, datacenter, shipped_root, poll_seconds)
+    table = out / "joined_clicks"
+    conf = streaming_conf(shuffle_partitions)
+    trigger = (f"processingTime {trigger_seconds:g} s" if trigger_seconds
+               else "default (next micro-batch as soon as the previous one ends)")
+
+    with session_conf(spark, {**conf, "spark.sql.streaming.numRecentProgressUpdates": "1000000"}):
+        frame = joined_click_stream(spark, shipped_root, datacenter, watermark, join_window, None)
+        writer = (frame.writeStream.format("delta").outputMode("append")
+                  .option("checkpointLocation", str(out / "checkpoint")))
+        if trigger_seconds:
+            writer = writer.trigger(processingTime=f"{trigger_seconds:g} seconds")
+        query = writer.start(str(table))
+        shipper.start().wait(timeout_seconds, query.stop)
         query.processAllAvailable()
         query.stop()
         progress = [batch for batch in query.recentProgress if batch["numInputRows"] > 0]
@@ -509,12 +608,13 @@ def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", w
     return {
         "peer": "spark_structured_streaming_live",
         "spark_version": spark.version,
+        "settings": streaming_settings(spark, conf, watermark=watermark, join_window=join_window, trigger=trigger),
         "watermark": watermark,
         "join_window": join_window,
-        "trigger": "default (next micro-batch as soon as the previous one ends)",
-        "state_store": STATE_STORE_CONF["spark.sql.streaming.stateStore.providerClass"].rsplit(".", 1)[1],
+        "trigger": trigger,
+        "state_store": conf["spark.sql.streaming.stateStore.providerClass"].rsplit(".", 1)[1],
         "session_start_seconds": session_start_seconds,
-        "files_shipped": len(shipped),
+        "files_shipped": len(shipper.shipped),
         "micro_batches_with_input": len(progress),
         "micro_batch_seconds": {"p50": batch_seconds[len(batch_seconds) // 2] if batch_seconds else None,
                                 "max": batch_seconds[-1] if batch_seconds else None,
@@ -530,23 +630,198 @@ def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", w
     }
 
 
+# -- Apache Flink: the interval join, backlog and live --------------------------
+
+# PyFlink pins pyarrow, pandas, py4j and apache-beam to versions the project's .venv cannot share:
+# Flink has a virtual environment of its own (scripts/setup.sh), and its job is a script run there.
+FLINK_PYTHON = REPO / ".venv-flink" / "bin" / "python"
+FLINK_JOB = Path(__file__).resolve().parent / "flink_join.py"
+FLINK_JARS_DIR = REPO / ".cache" / "flink-jars"
+FLINK_HEAP = "8g"
+
+
+def event_time_span_seconds(truth: dict) -> float:
+    """How far apart in event time two lines of the workload can be: the queries' span and the
+    longest click delay (follow mode: the run and the late writers' delay too)."""
+    config = truth["config"]
+    span = config["duration_s"] + config["late_delay_s"] if config.get("follow") else config["span_seconds"]
+    return float(span + config["click_delay_max_s"])
+
+
+def flink_job(mode: str, logs: Path, out: Path, options: dict, shipping_done: Path | None = None,
+              background: bool = False):
+    """flink_join.py in Flink's virtual environment: its JSON result, or (background) the process."""
+    import subprocess
+
+    if not FLINK_PYTHON.exists():
+        raise SystemExit(f"Flink's virtual environment is missing ({FLINK_PYTHON}): run scripts/setup.sh")
+    command = [str(FLINK_PYTHON), str(FLINK_JOB), mode, "--logs", str(logs), "--out", str(out),
+               "--jars", str(FLINK_JARS_DIR)]
+    for key, value in options.items():
+        if value is False:
+            command.append(f"--no-{key.replace('_', '-')}")
+        elif value is not None and value is not True:
+            command += [f"--{key.replace('_', '-')}", str(value)]
+    if shipping_done is not None:
+        command += ["--shipping-done", str(shipping_done)]
+    # Its own interpreter and packages only: nothing of this process's environment's Python.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    if background:
+        return process
+    return flink_result(process)
+
+
+def flink_result(process) -> dict:
+    stdout = process.communicate()[0]
+    if process.returncode != 0 or not stdout.strip():
+        raise SystemExit(f"flink_join.py exited {process.returncode}; its log is in the output directory's flink-log/")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def parquet_click_ids(table: Path) -> list[str]:
+    """The click_id of every row of the committed part files (hidden in-progress files are not
+    read: pyarrow skips names starting with '.' or '_')."""
+    import pyarrow.parquet as pq
+
+    if not table.is_dir() or not any(p.name.startswith("part-") for p in table.iterdir()):
+        return []
+    return pq.read_table(table, columns=["click_id"]).column("click_id").to_pylist()
+
+
+def flink_summary(job: dict, data_dir: Path, datacenter: str, truth: dict) -> dict:
+    """The peers' common fields from the job's output table and the ground truth."""
+    table = Path(job["table"])
+    ids = parquet_click_ids(table)
+    joined_rows, joined_ids = len(ids), set(ids)
+    committed = [p for p in table.iterdir() if p.name.startswith("part-")] if table.is_dir() else []
+    return {
+        **job,
+        "joined_rows": joined_rows,
+        "joined_distinct_clicks": len(joined_ids),
+        "duplicates_in_one_run": joined_rows - len(joined_ids),
+        "output_files": len(committed),
+        "output_bytes": sum(p.stat().st_size for p in committed),
+        "checkpoint_bytes": tree_bytes(table.parent / "checkpoints"),
+        "input_bytes": input_bytes(data_dir, datacenter),
+        "correctness": compare_with_truth(joined_ids, truth),
+    }
+
+
+def flink_options(watermark_seconds, join_window_seconds, checkpoint_seconds, parallelism, state_backend,
+                  heap, dedup_ttl_seconds, input_counts) -> dict:
+    return {"watermark_seconds": watermark_seconds, "join_window_seconds": join_window_seconds,
+            "checkpoint_seconds": checkpoint_seconds, "parallelism": parallelism, "state_backend": state_backend,
+            "heap": heap, "dedup_ttl_seconds": dedup_ttl_seconds, "input_counts": input_counts}
+
+
+def run_flink(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark_seconds: float | None = None,
+              join_window_seconds: float = CLICK_DELAY_MAX_SECONDS, checkpoint_seconds: float = 5.0,
+              parallelism: int = 1, state_backend: str = "rocksdb", heap: str = FLINK_HEAP,
+              dedup_ttl_seconds: float = 0.0, input_counts: bool = True) -> dict:
+    """Flink's interval join over the backlog: bounded file sources in streaming mode, exactly-once
+    checkpoints, until every file is read and the last part files are committed.
+
+    Default watermark: the workload's whole event-time span (`event_time_span_seconds`, 3,900 s for
+    a batch workload), not the 300 s of the click delay. A bounded file source hands its files to
+    the reader in no particular order (its split assigner keeps them in a hash set), so a writer's
+    last file can be read before another's first: the disorder the watermark must cover is the
+    span of the backlog. With 300 s, the 2,000-query test workload (one file per writer) joined 44
+    of its 183 clicks; with the span, all of them. The price is state: nothing leaves the join's
+    state before the end (RocksDB keeps it off the heap)."""
+    data_dir, out = Path(data_dir), Path(out_dir) / "flink"
+    shutil.rmtree(out, ignore_errors=True)
+    truth = ground_truth(data_dir)
+    if watermark_seconds is None:
+        watermark_seconds = event_time_span_seconds(truth)
+    options = flink_options(watermark_seconds, join_window_seconds, checkpoint_seconds, parallelism, state_backend,
+                            heap, dedup_ttl_seconds, input_counts)
+    job = flink_job("backlog", data_dir / "logs" / datacenter, out, options)
+    result = flink_summary(job, data_dir, datacenter, truth)
+    wall = result["wall_seconds"]
+    result["input_mb_per_second"] = round(result["input_bytes"] / MB / wall, 2)
+    result["joined_clicks_per_second"] = round(result["joined_rows"] / wall, 1)
+    return result
+
+
+def run_flink_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1",
+                   watermark_seconds: float = CLICK_DELAY_MAX_SECONDS,
+                   join_window_seconds: float = CLICK_DELAY_MAX_SECONDS, checkpoint_seconds: float = 1.0,
+                   parallelism: int = 1, state_backend: str = "rocksdb", heap: str = FLINK_HEAP,
+                   dedup_ttl_seconds: float | None = None, input_counts: bool = True, poll_seconds: float = 0.2,
+                   timeout_seconds: float = 3600) -> dict:
+    """Flink's interval join left running while `photon gen --follow` writes the logs: its sources
+    list their directories every second for new files, into which complete log files are shipped
+    as for `streaming-live` (a file source reads a file once). After the last shipment the job runs
+    until it has read every shipped file and committed what it wrote (flink_join.py), and stops.
+
+    A click is visible when the part file holding it is committed: renamed from its hidden
+    in-progress name when a checkpoint completes, every `checkpoint_seconds` (default 1 s: the
+    latency is about the interval plus the checkpoint's own time). The rename sets the file's
+    ctime, which `benchmarks/run.py live` reads as the commit time.
+
+    Default watermark and join window: the click delay bound (300 s). Files arrive here in the
+    order they are completed, a few seconds apart across writers, and the late writers' lines 60 s
+    behind (`photon gen --late-delay-s`): within the bound. The dedup state is kept for the
+    watermark plus the join window by default (processing time; duplicates come within 30 s)."""
+    data_dir, out = Path(data_dir), Path(out_dir) / "flink-live"
+    shutil.rmtree(out, ignore_errors=True)
+    shipper = Shipper(data_dir, datacenter, out / "shipped", poll_seconds)
+    if dedup_ttl_seconds is None:
+        dedup_ttl_seconds = watermark_seconds + join_window_seconds
+    options = flink_options(watermark_seconds, join_window_seconds, checkpoint_seconds, parallelism, state_backend,
+                            heap, dedup_ttl_seconds, input_counts)
+    shipping_done = out / "shipping-done"
+    process = flink_job("live", out / "shipped" / "logs" / datacenter, out, {**options, "timeout_seconds": timeout_seconds},
+                        shipping_done=shipping_done, background=True)
+    shipper.start().wait(timeout_seconds, process.kill)
+    shipping_done.write_text(json.dumps(sorted(str(p) for p in shipper.shipped)))
+    job = flink_result(process)
+    result = flink_summary(job, data_dir, datacenter, ground_truth(data_dir))
+    result["files_shipped"] = len(shipper.shipped)
+    return result
+
+
 # -- command line --------------------------------------------------------------
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     peers = parser.add_subparsers(dest="peer", required=True)
-    for name in ("duckdb", "spark-batch", "streaming", "streaming-live"):
+    for name in ("duckdb", "spark-batch", "streaming", "streaming-live", "flink", "flink-live"):
         sub = peers.add_parser(name)
         sub.add_argument("--data-dir", required=True, type=Path, help="a `photon gen` data directory")
         sub.add_argument("--out-dir", type=Path, help="where outputs go (default: a temporary directory, removed)")
         sub.add_argument("--datacenter", default="dc1", help="the log replica to read")
     for name in ("streaming", "streaming-live"):
-        peers.choices[name].add_argument("--watermark", default="10 minutes",
-                                         help="event-time delay of both watermarks")
-        peers.choices[name].add_argument("--join-window", default="10 minutes",
-                                         help="click time <= query time + this")
-    peers.choices["streaming-live"].add_argument("--timeout-seconds", type=float, default=3600,
-                                                 help="give up if the generator has not finished by then")
+        sub = peers.choices[name]
+        sub.add_argument("--watermark", default=DEFAULT_BOUND, help="event-time delay of both watermarks")
+        sub.add_argument("--join-window", default=DEFAULT_BOUND, help="click time <= query time + this")
+        sub.add_argument("--driver-memory", default=STREAMING_DRIVER_MEMORY, help="the peer's own session's")
+        sub.add_argument("--shuffle-partitions", type=int, default=STREAMING_SHUFFLE_PARTITIONS,
+                         help="also the state store instances per stateful operator")
+    for name in ("flink", "flink-live"):
+        sub = peers.choices[name]
+        sub.add_argument("--watermark-seconds", type=float,
+                         default=None if name == "flink" else CLICK_DELAY_MAX_SECONDS,
+                         help="bounded out-of-orderness of both sources (flink: default the workload's "
+                              "event-time span; flink-live: the click delay bound)")
+        sub.add_argument("--join-window-seconds", type=float, default=CLICK_DELAY_MAX_SECONDS,
+                         help="click time <= query time + this")
+        sub.add_argument("--checkpoint-seconds", type=float, default=5.0 if name == "flink" else 1.0)
+        sub.add_argument("--parallelism", type=int, default=1)
+        sub.add_argument("--state-backend", choices=("rocksdb", "hashmap"), default="rocksdb")
+        sub.add_argument("--heap", default=FLINK_HEAP, help="the local Flink cluster's JVM heap")
+        sub.add_argument("--dedup-ttl-seconds", type=float,
+                         default=0.0 if name == "flink" else None,
+                         help="processing time the dedup state keeps a click_id (0: the whole run; "
+                              "flink-live default: watermark + join window)")
+        sub.add_argument("--no-input-counts", dest="input_counts", action="store_false",
+                         help="skip reading the input back afterwards to count bad lines")
+    for name in ("streaming-live", "flink-live"):
+        peers.choices[name].add_argument("--timeout-seconds", type=float, default=3600,
+                                         help="give up if the generator has not finished by then")
+    peers.choices["streaming-live"].add_argument("--trigger-seconds", type=float, default=0,
+                                                 help="processing-time trigger; 0: the default trigger")
     streaming = peers.choices["streaming"]
     streaming.add_argument("--max-files-per-trigger", type=int, default=4,
                            help="files per source and micro-batch; 0: no limit (the backlog in one micro-batch)")
@@ -562,10 +837,22 @@ def main() -> None:
             result = run_spark_batch(args.data_dir, out_dir, args.datacenter)
         elif args.peer == "streaming-live":
             result = run_streaming_live(args.data_dir, out_dir, args.datacenter, args.watermark, args.join_window,
-                                        timeout_seconds=args.timeout_seconds)
-        else:
+                                        timeout_seconds=args.timeout_seconds, driver_memory=args.driver_memory,
+                                        shuffle_partitions=args.shuffle_partitions,
+                                        trigger_seconds=args.trigger_seconds)
+        elif args.peer == "streaming":
             result = run_streaming(args.data_dir, out_dir, args.datacenter, args.watermark, args.join_window,
-                                   args.max_files_per_trigger or None, replay=args.replay)
+                                   args.max_files_per_trigger or None, replay=args.replay,
+                                   driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions)
+        else:
+            options = flink_options(args.watermark_seconds, args.join_window_seconds, args.checkpoint_seconds,
+                                    args.parallelism, args.state_backend, args.heap, args.dedup_ttl_seconds,
+                                    args.input_counts)
+            if args.peer == "flink":
+                result = run_flink(args.data_dir, out_dir, args.datacenter, **options)
+            else:
+                result = run_flink_live(args.data_dir, out_dir, args.datacenter, **options,
+                                        timeout_seconds=args.timeout_seconds)
     finally:
         if args.out_dir is None:
             shutil.rmtree(out_dir, ignore_errors=True)

@@ -55,11 +55,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the project's packages and benchmarks.peers
 RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.peers import DEFAULT_BOUND  # noqa: E402 (the streaming peers' default bound: 300 seconds)
 PYTHON = sys.executable
 MB = 1_000_000
 BACKLOG_MIN_QUERIES = 2_000_000  # the issue's backlog workload: at least 2 million queries
 SYSTEM_LABELS = {"photon": "Photon (photon run)", "duckdb": "DuckDB batch", "spark-batch": "Spark batch",
-                 "streaming": "Spark Structured Streaming"}
+                 "streaming": "Spark Structured Streaming", "flink": "Apache Flink (interval join)"}
+# The systems whose join runs after a session start of their own, reported apart: what a user waits
+# for is the start and the join (`wall_to_done_seconds`), not what the peer does after it (the
+# replay experiment, reading the input back to count bad lines).
+SESSION_PEERS = ("streaming", "flink")
 # Photon's state besides its output tables: all of it is written per input byte.
 PHOTON_STATE_DIRS = ("warehouse", "registry", "state", "dagster")
 
@@ -324,17 +329,22 @@ def run_peer(peer: str, data_dir: Path, out_dir: Path, logs: Path, *options: str
     if peer == "streaming":
         # The replay's checkpoint and rows are the duplicate experiment, not the join's cost.
         written = result["output_bytes"] + tree_bytes(out_dir / peer / "checkpoint-1")
+    elif peer == "flink":
+        # Flink deletes its checkpoints when the job ends: the output and the largest checkpoint's
+        # state, as Flink logged it (its log is not counted).
+        written = result["output_bytes"] + (result["checkpoints"]["max_state_bytes"] or 0)
     shutil.rmtree(out_dir / peer, ignore_errors=True)
     return {
         **result,
         "system": peer,
         # The peer's own clock (the join, without process and session start), the process's, and
         # what a user waits for the join: for Structured Streaming the session start and the first
-        # availableNow run, not the replay experiment that follows in the same process.
+        # availableNow run, not the replay experiment that follows in the same process; for Flink
+        # the local cluster's start and the job, not the count of bad lines that follows.
         "join_wall_seconds": result["wall_seconds"],
         "process_wall_seconds": measured.wall_seconds,
         "wall_to_done_seconds": (round(result["session_start_seconds"] + result["wall_seconds"], 2)
-                                 if peer == "streaming" else measured.wall_seconds),
+                                 if peer in SESSION_PEERS else measured.wall_seconds),
         "peak_rss_bytes": peak,
         "peak_memory_by_process": measured.peak_breakdown,
         "bytes_written": written,
@@ -342,7 +352,8 @@ def run_peer(peer: str, data_dir: Path, out_dir: Path, logs: Path, *options: str
     }
 
 
-def run_systems(systems: list[str], data_dir: Path, work: Path, streaming_options: list[str]) -> dict:
+def run_systems(systems: list[str], data_dir: Path, work: Path, streaming_options: list[str],
+                flink_options: list[str] = ()) -> dict:
     results = {}
     for system in systems:
         print(f"  {system} ...", file=sys.stderr, flush=True)
@@ -350,6 +361,8 @@ def run_systems(systems: list[str], data_dir: Path, work: Path, streaming_option
             results[system] = run_photon(data_dir, work / "logs")
         elif system == "streaming":
             results[system] = run_peer("streaming", data_dir, work / "out", work / "logs", *streaming_options)
+        elif system == "flink":
+            results[system] = run_peer("flink", data_dir, work / "out", work / "logs", *flink_options)
         else:
             results[system] = run_peer(system, data_dir, work / "out", work / "logs")
     return results
@@ -371,11 +384,20 @@ def streaming_options(files_per_trigger: int, watermark: str) -> list[str]:
     return ["--max-files-per-trigger", str(files_per_trigger), "--watermark", watermark]
 
 
+def flink_options(args) -> list[str]:
+    """The Flink peer's options from the command line (default watermark: the workload's span)."""
+    options = ["--checkpoint-seconds", str(args.flink_checkpoint_seconds)]
+    if args.flink_watermark_seconds is not None:
+        options += ["--watermark-seconds", str(args.flink_watermark_seconds)]
+    return options
+
+
 def backlog(args, work: Path) -> dict:
     data_dir = work / "backlog"
     truth = generate(data_dir, *backlog_options(args.queries, args.seed))
     size = log_bytes(data_dir)
-    results = run_systems(args.systems, data_dir, work, streaming_options(args.files_per_trigger, args.watermark))
+    results = run_systems(args.systems, data_dir, work, streaming_options(args.files_per_trigger, args.watermark),
+                          flink_options(args))
     shutil.rmtree(data_dir, ignore_errors=True)
     return {"workload": workload_record(truth, {"queries_option": args.queries, "seed": args.seed,
                                                 "input_bytes": size}),
@@ -399,6 +421,10 @@ def targets(results: dict) -> dict:
         out["joined_per_second_vs_streaming"] = round(photon["joined_distinct_clicks"] / process_wall(photon)
                                                       / (sss["joined_distinct_clicks"] / process_wall(sss)), 3)
         out["joined_per_second_at_least_streaming"] = out["joined_per_second_vs_streaming"] >= 1.0
+    if "flink" in results:
+        flink = results["flink"]
+        out["joined_per_second_vs_flink"] = round(photon["joined_distinct_clicks"] / process_wall(photon)
+                                                  / (flink["joined_distinct_clicks"] / process_wall(flink)), 3)
     if "duckdb" in results:
         out["wall_over_duckdb_join"] = round(photon["wall_seconds"] / results["duckdb"]["wall_seconds"], 1)
         out["wall_over_duckdb_process"] = round(photon["wall_seconds"] / process_wall(results["duckdb"]), 1)
@@ -422,7 +448,7 @@ def scaling(args, work: Path) -> dict:
         # The replay (duplicates) experiment once, at the largest size.
         replay = [] if factor == args.factors[-1] else ["--no-replay"]
         results = run_systems(args.systems, data_dir, work,
-                              streaming_options(args.files_per_trigger, args.watermark) + replay)
+                              streaming_options(args.files_per_trigger, args.watermark) + replay, flink_options(args))
         points.append({"factor": factor, "workload": workload_record(truth, {"queries_option": queries,
                                                                                "seed": args.seed}),
                        "input_bytes": log_bytes(data_dir), "systems": results})
@@ -474,6 +500,24 @@ def visible_latencies(table: Path) -> list[tuple[int, float]]:
     return list(first_seen.values())
 
 
+def part_file_latencies(table: Path) -> list[tuple[int, float]]:
+    """(click timestamp_us, seconds until visible) of every click in a directory of Parquet part
+    files committed by a rename (Flink's filesystem sink): the file's ctime, which the rename from
+    its hidden in-progress name sets when its checkpoint completes (a poller saw each file 2-9 ms
+    after it; its mtime, from when the writer closed it, is 50-100 ms earlier), minus the click's
+    event time."""
+    import pyarrow.parquet as pq
+
+    first_seen: dict[str, tuple[int, float]] = {}
+    for path in sorted(table.glob("part-*"), key=lambda p: p.stat().st_ctime):
+        committed = path.stat().st_ctime
+        rows = pq.read_table(path, columns=["click_id", "timestamp_us"])
+        for click_id, ts in zip(rows.column("click_id").to_pylist(), rows.column("timestamp_us").to_pylist()):
+            if click_id not in first_seen:
+                first_seen[click_id] = (ts, committed - ts / 1e6)
+    return list(first_seen.values())
+
+
 def percentiles(values: list[float]) -> dict:
     if not values:
         return {"count": 0}
@@ -494,11 +538,23 @@ def live(args, work: Path) -> dict:
         systems[system] = live_run(system, args, work / system)
     return {"workload": {"rate_clicks_per_second": args.rate, "duration_seconds": args.duration_s, "photon_mode": args.mode,
                          "late_query_share": args.late_query_share, "seed": args.seed,
-                         "streaming_watermark": args.watermark, "streaming_join_window": args.join_window},
+                         "streaming_watermark": args.watermark, "streaming_join_window": args.join_window,
+                         "flink_checkpoint_seconds": args.flink_checkpoint_seconds,
+                         "flink_watermark_seconds": args.flink_watermark_seconds},
             "systems": systems}
 
 
-def live_run(system: str, args, work: Path) -> dict:
+LIVE_PEERS = {"streaming": "streaming-live", "flink": "flink-live"}
+
+
+def live_peer_options(system: str, args) -> list[str]:
+    if system == "streaming":
+        return ["--watermark", args.watermark, "--join-window", args.join_window]
+    return flink_options(args)
+
+
+def live_run(system: str, args, work: Path, peer_options: list[str] | None = None) -> dict:
+    """One live run of a system; peer_options replace the peer's options from the command line."""
     data_dir = work / "live"
     gen = Measured(photon_command("gen", "--data-dir", str(data_dir), "--follow", "--rate", str(args.rate),
                                   "--duration-s", str(args.duration_s), "--seed", str(args.seed),
@@ -520,9 +576,9 @@ def live_run(system: str, args, work: Path) -> dict:
             command = photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
                                      "--min-seconds", str(args.duration_s), "--timeout-seconds", timeout)
         else:
-            table = work / "out" / "streaming-live" / "joined_clicks"
-            command = peer_command("streaming-live", data_dir, work / "out", "--watermark", args.watermark,
-                                   "--join-window", args.join_window, "--timeout-seconds", timeout)
+            table = work / "out" / LIVE_PEERS[system] / "joined_clicks"
+            options = live_peer_options(system, args) if peer_options is None else peer_options
+            command = peer_command(LIVE_PEERS[system], data_dir, work / "out", *options, "--timeout-seconds", timeout)
         measured = Measured(command, work / "logs" / f"{system}.log", keep_files if system == "photon" else None).start()
     backlog_samples, generator_end = [], None
     while measured.process.poll() is None:
@@ -550,7 +606,10 @@ def live_run(system: str, args, work: Path) -> dict:
         output = (json.loads(stdout.strip().splitlines()[-1] if system == "photon" else stdout)
                   if stdout.strip() else None)
     truth = json.loads((data_dir / "gen_summary.json").read_text())
-    latencies = visible_latencies(table) if (table / "_delta_log").is_dir() else []
+    if system == "flink":
+        latencies = part_file_latencies(table) if table.is_dir() else []
+    else:
+        latencies = visible_latencies(table) if (table / "_delta_log").is_dir() else []
     by_minute: dict[int, list[float]] = {}
     for ts, latency in latencies:
         by_minute.setdefault(int(ts / 1e6 - started) // 60, []).append(latency)
@@ -588,6 +647,61 @@ def live_run(system: str, args, work: Path) -> dict:
         shutil.rmtree(data_dir, ignore_errors=True)
         shutil.rmtree(work / "out", ignore_errors=True)
     return result
+
+
+# -- the peers at their best: short live runs over a few of their settings -----------
+
+# (label, the peer's options on top of the command line's): each system's defaults first.
+PEER_TUNING = {
+    "streaming": [
+        ("defaults: 8g driver, 2 shuffle partitions, default trigger", []),
+        ("4 shuffle partitions", ["--shuffle-partitions", "4"]),
+        ("1 shuffle partition", ["--shuffle-partitions", "1"]),
+        ("processing-time trigger 1 s", ["--trigger-seconds", "1"]),
+        ("2g driver (Photon's)", ["--driver-memory", "2g"]),
+    ],
+    "flink": [
+        ("defaults: checkpoint 1 s, parallelism 1, RocksDB", []),
+        ("checkpoint 0.5 s", ["--checkpoint-seconds", "0.5"]),
+        ("checkpoint 2 s", ["--checkpoint-seconds", "2"]),
+        ("parallelism 2", ["--parallelism", "2"]),
+        ("heap state backend", ["--state-backend", "hashmap"]),
+    ],
+}
+
+
+def peer_tuning(args, work: Path) -> dict:
+    """Each setting of PEER_TUNING (the first `--settings-per-system` of each system) in a live run
+    of its own (`live_run`, same generator seed and rate): latency, completeness and peak memory."""
+    runs = []
+    for system in args.systems:
+        for n, (label, options) in enumerate(PEER_TUNING[system][:args.settings_per_system]):
+            print(f"  {system}: {label} ...", file=sys.stderr, flush=True)
+            run = live_run(system, args, work / f"{system}-{n}", live_peer_options(system, args) + options)
+            runs.append({"system": system, "setting": label, "options": options,
+                         "settings": (run["peer"] or {}).get("settings"),
+                         **{k: run[k] for k in ("latency_seconds", "latency_seconds_all_joinable", "joined_visible",
+                                                "joinable_clicks", "peak_rss_bytes", "wall_seconds", "generated",
+                                                "last_join_after_generator_stopped_seconds")}})
+    best = {}
+    for run in runs:
+        p90 = run["latency_seconds_all_joinable"].get("p90")
+        current = best.get(run["system"])
+        if p90 is not None and (current is None or p90 < current["p90"]):
+            best[run["system"]] = {"setting": run["setting"], "p90": p90}
+    return {"workload": {"rate_clicks_per_second": args.rate, "duration_seconds": args.duration_s,
+                         "late_query_share": args.late_query_share, "seed": args.seed},
+            "runs": runs, "best_p90_of_all_joinable": best}
+
+
+def peer_tuning_table(result: dict) -> str:
+    rows = ["| system | setting | p50 | p90 | p99 | visible / joinable | peak memory |", "|---|---|---:|---:|---:|---:|---:|"]
+    for run in result["runs"]:
+        latency = run["latency_seconds_all_joinable"]
+        rows.append(f"| {run['system']} | {run['setting']} | {latency.get('p50')} | {latency.get('p90')} | "
+                    f"{latency.get('p99')} | {run['joined_visible']:,} / {run['joinable_clicks']:,} | "
+                    f"{gib(run['peak_rss_bytes'])} |")
+    return "\n".join(rows)
 
 
 # -- fixed cost of a micro-batch --------------------------------------------------
@@ -703,7 +817,8 @@ def backlog_chart(result: dict, path: Path, title: str) -> None:
     names = list(result["systems"])
     fig, ax = plt.subplots(figsize=(7, 4))
     values = [result["systems"][n]["joined_distinct_clicks"] / process_wall(result["systems"][n]) for n in names]
-    bars = ax.bar([SYSTEM_LABELS[n] for n in names], values, color=["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e"][:len(names)])
+    bars = ax.bar([SYSTEM_LABELS[n] for n in names], values,
+                  color=["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"][:len(names)])
     ax.bar_label(bars, fmt="%.0f")
     ax.set_ylabel("joined clicks per second (wall time to done)")
     ax.set_yscale("log")
@@ -755,7 +870,7 @@ def live_chart(result: dict, path: Path) -> None:
     with_backlog = any(run.get("backlog_bytes") for run in result["systems"].values())
     fig, axes = plt.subplots(1, 3 if with_backlog else 2, figsize=(16 if with_backlog else 11, 4))
     latency, by_minute = axes[:2]
-    colors = {"photon": "#d62728", "streaming": "#1f77b4"}
+    colors = {"photon": "#d62728", "streaming": "#1f77b4", "flink": "#2ca02c"}
     for system, run in result["systems"].items():
         label = "Photon (photon up: daemon)" if run.get("mode") == "daemon" else SYSTEM_LABELS[system]
         color = colors.get(system, "gray")
@@ -823,31 +938,45 @@ def main() -> None:
         sub = workloads.add_parser(name)
         sub.add_argument("--seed", type=int, default=2026)
         sub.add_argument("--systems", type=lambda s: s.split(","),
-                         default=["photon", "duckdb", "spark-batch", "streaming"])
+                         default=["photon", "duckdb", "spark-batch", "streaming"],
+                         help="photon, duckdb, spark-batch, streaming, flink")
         # About one Photon query work unit (32 MiB of 256 KiB files) per trigger.
         sub.add_argument("--files-per-trigger", type=int, default=128)
-        sub.add_argument("--watermark", default="10 minutes")
+        sub.add_argument("--watermark", default=DEFAULT_BOUND, help="Structured Streaming's watermarks")
     workloads.choices["backlog"].add_argument("--queries", type=int, default=2_000_000)
     workloads.choices["scaling"].add_argument("--base-queries", type=int, default=250_000)
     workloads.choices["scaling"].add_argument("--factors", type=lambda s: [int(f) for f in s.split(",")],
                                               default=[1, 2, 4, 8])
     live_options = workloads.add_parser("live")
-    live_options.add_argument("--rate", type=float, default=1000.0, help="clicks per second (queries: 10x)")
-    live_options.add_argument("--duration-s", type=float, default=300.0)
-    live_options.add_argument("--drain-timeout-s", type=float, default=600.0,
-                              help="after the generator stops, give Photon this long to finish")
-    live_options.add_argument("--late-query-share", type=float, default=0.0)
-    live_options.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "streaming"])
-    live_options.add_argument("--watermark", default="10 minutes", help="Structured Streaming's watermarks")
-    live_options.add_argument("--join-window", default="10 minutes",
-                              help="Structured Streaming's join: click time <= query time + this")
-    live_options.add_argument("--seed", type=int, default=2026)
+    tuning = workloads.add_parser("peer-tuning")
+    for sub in (live_options, tuning):
+        sub.add_argument("--rate", type=float, default=1000.0, help="clicks per second (queries: 10x)")
+        sub.add_argument("--duration-s", type=float, default=300.0 if sub is live_options else 60.0)
+        sub.add_argument("--drain-timeout-s", type=float, default=600.0 if sub is live_options else 300.0,
+                         help="after the generator stops, give the system this long to finish")
+        sub.add_argument("--late-query-share", type=float, default=0.0)
+        sub.add_argument("--watermark", default=DEFAULT_BOUND, help="Structured Streaming's watermarks")
+        sub.add_argument("--join-window", default=DEFAULT_BOUND,
+                         help="Structured Streaming's join: click time <= query time + this")
+        sub.add_argument("--seed", type=int, default=2026)
+        sub.set_defaults(mode="embedded", keep_data=False)
+    live_options.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "streaming"],
+                              help="photon, streaming, flink")
     live_options.add_argument("--mode", choices=("embedded", "daemon"), default="embedded",
                               help="Photon as `photon run` (runs in its process) or `photon up` (the daemon, a"
                                    " process per run, Spark Connect)")
     live_options.add_argument("--name", default="live", help="result file name (several rates)")
     live_options.add_argument("--keep-data", action="store_true",
                               help="keep the data directory (under --work-dir) to read every run back")
+    tuning.add_argument("--systems", type=lambda s: s.split(","), default=["streaming", "flink"])
+    tuning.add_argument("--settings-per-system", type=int, default=len(PEER_TUNING["flink"]),
+                        help="run only the first N settings of each system (the defaults first)")
+    for name, checkpoint in (("backlog", 5.0), ("scaling", 5.0), ("live", 1.0), ("peer-tuning", 1.0)):
+        sub = workloads.choices[name]
+        sub.add_argument("--flink-watermark-seconds", type=float, default=None,
+                         help="Flink's watermarks (default: the workload's event-time span for a backlog, the"
+                              " click delay bound live)")
+        sub.add_argument("--flink-checkpoint-seconds", type=float, default=checkpoint)
     cost = workloads.add_parser("batch-cost")
     cost.add_argument("--repeats", type=int, default=3)
     cost.add_argument("--queries", type=int, default=20000)
@@ -883,6 +1012,10 @@ def main() -> None:
             live_chart(result, path.with_suffix(".png"))
             print(json.dumps({system: {k: v for k, v in run.items() if k not in ("backlog_bytes", "latency_histogram")}
                               for system, run in result["systems"].items()}, indent=2))
+        elif args.workload == "peer-tuning":
+            result = peer_tuning(args, work)
+            path = write("peer-tuning", result, args)
+            print(peer_tuning_table(result))
         else:
             result = batch_cost(args, work)
             path = write("batch_cost", result, args)

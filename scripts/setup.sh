@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: the .venv with the pinned packages and the
 # project itself, and Delta Lake's JVM jars fetched once from Maven Central into .cache/jars
-# (git-ignored), from where every Spark session loads them; and Debian's chromium for the browser test
-# (tests/e2e/test_ui.py; Playwright's own browser download is not reachable here).
+# (git-ignored), from where every Spark session loads them; Apache Flink's own .venv-flink and jars
+# for the benchmark's Flink peer; and Debian's chromium for the browser test (tests/e2e/test_ui.py;
+# Playwright's own browser download is not reachable here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,28 @@ if ! ls .cache/jars/delta-spark_2.13-*.jar .cache/jars/delta-storage-*.jar >/dev
   command -v mvn >/dev/null || die "Maven is required once, to fetch the Delta jars"
   mvn --batch-mode --quiet -f scripts/jars-pom.xml -Dmaven.repo.local="$PWD/.cache/m2" \
     dependency:copy-dependencies -DoutputDirectory="$PWD/.cache/jars"
+fi
+
+# Apache Flink for the benchmark's Flink peer (benchmarks/flink_join.py, run by benchmarks/peers.py):
+# PyFlink pins pyarrow, pandas, py4j and apache-beam to versions the .venv cannot share, so it has a
+# virtual environment of its own, .venv-flink, with every package pinned in
+# benchmarks/flink-requirements.txt; and the jars of benchmarks/flink-jars-pom.xml (Flink's Parquet
+# format, Hadoop's client) fetched once from Maven Central into .cache/flink-jars.
+[ -x .venv-flink/bin/python ] || "$python" -m venv .venv-flink
+[ -f .venv-flink/.gitignore ] || echo '*' > .venv-flink/.gitignore  # git ignores .venv/ and .cache/ only
+flink_stamp=.venv-flink/.flink-installed
+if [ ! -f "$flink_stamp" ] || [ benchmarks/flink-requirements.txt -nt "$flink_stamp" ]; then
+  .venv-flink/bin/python -m pip install --quiet --upgrade pip
+  .venv-flink/bin/python -m pip install --quiet -r benchmarks/flink-requirements.txt
+  touch "$flink_stamp"
+fi
+flink_jars_stamp=.cache/flink-jars/.fetched
+if [ ! -f "$flink_jars_stamp" ] || [ benchmarks/flink-jars-pom.xml -nt "$flink_jars_stamp" ]; then
+  command -v mvn >/dev/null || die "Maven is required once, to fetch Flink's Parquet and Hadoop jars"
+  rm -rf .cache/flink-jars
+  mvn --batch-mode --quiet -f benchmarks/flink-jars-pom.xml -Dmaven.repo.local="$PWD/.cache/m2" \
+    dependency:copy-dependencies -DoutputDirectory="$PWD/.cache/flink-jars"
+  touch "$flink_jars_stamp"
 fi
 
 # Debian's chromium, for tests/e2e/test_ui.py: installed when missing and running as root (CI), else
