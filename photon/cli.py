@@ -91,6 +91,16 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--address", required=True, help="HOST:PORT")
     rs.add_argument("--shards", required=True, type=int)
     rs.add_argument("--effective-at-us", type=int, help="default: now + the server's max clock skew")
+    es = commands.add_parser("event-store", help="the EventStore's long-lived parts")
+    es_actions = es.add_subparsers(dest="event_store_command", required=True, parser_class=OneLineParser)
+    t = es_actions.add_parser("tail", help="feed a datacenter's memory tier in the registry service from its "
+                              "query logs as they are written, until SIGTERM/SIGINT (photon run and photon up "
+                              "start one per datacenter)")
+    t.add_argument("--data-dir", required=True, type=Path)
+    t.add_argument("--datacenter", required=True)
+    t.add_argument("--address", help="HOST:PORT of the registry service (default: env PHOTON_REGISTRY_ADDRESS)")
+    t.add_argument("--settings", help="the settings it goes by, as JSON (photon/query_tail.py: TailSettings; "
+                   "default: from the pipeline settings, PHOTON_SETTINGS)")
     return top
 
 
@@ -243,6 +253,34 @@ def command_spark_connect(args) -> int:
     os.execve(command[0], command, server_environment(args.host))
 
 
+def command_event_store(args) -> int:
+    from photon.query_tail import TailSettings, tail_forever
+    from photon.tailers import die_with_parent_named_in_env
+    from resources.registry_api import ADDRESS_ENV, SECRET_ENV
+    from resources.registry_service import RemoteIdRegistry
+
+    if args.settings:
+        settings = TailSettings(**json.loads(args.settings))
+    else:
+        from resources.settings import pipeline_settings
+
+        settings = TailSettings.of(pipeline_settings())
+    address = args.address or os.environ.get(ADDRESS_ENV)
+    if not address:
+        raise ValueError(f"the registry service's address is needed: --address or {ADDRESS_ENV}")
+    layout = DataLayout(args.data_dir.resolve())
+    if not (layout.logs / args.datacenter).is_dir():
+        raise ValueError(f"no datacenter {args.datacenter} under {layout.logs}")
+    die_with_parent_named_in_env()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    registry = RemoteIdRegistry(address, os.environ.get(SECRET_ENV) or None)
+    try:
+        tail_forever(layout, args.datacenter, registry, settings)
+    finally:
+        registry.close()
+    return 0
+
+
 def command_registry(args) -> int:
     from resources.registry_api import SECRET_ENV
     from resources.registry_service import RemoteIdRegistry, serve
@@ -276,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         commands = {"gen": command_gen, "replicate": command_replicate, "run": command_run, "up": command_up,
-                    "check": command_check, "spark-connect": command_spark_connect, "registry": command_registry}
+                    "check": command_check, "spark-connect": command_spark_connect, "registry": command_registry,
+                    "event-store": command_event_store}
         return commands[args.command](args)
     except ValueError as error:
         print(f"photon: error: {error}", file=sys.stderr)

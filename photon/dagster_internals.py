@@ -7,10 +7,17 @@ sensor daemon's iteration in process, or to open an instance with overrides.
   fairness between code locations) is replaced by a fixed order for the pass, and its minimum
   interval check (`is_under_min_interval`) lets every sensor due at the pass's pace tick: the daemon
   measures a sensor's interval from its last tick's start, so in passes a second apart a sensor
-  ticked late in one pass would be skipped in the next.
+  ticked late in one pass would be skipped in the next. The order may return a subset of the
+  sensors: only those tick (photon run ticks its query dispatchers on a thread of their own).
 - `in_process_workspace` / `remote_sensors`: the code location loaded in this process.
 - `instance_at`: the data directory's instance, with `photon run`'s in-process run launcher
-  (`SyncInMemoryRunLauncher`) and immediate run coordinator when asked.
+  (`SyncInMemoryRunLauncher`), immediate run coordinator and no capture of steps' stdout and stderr
+  when asked.
+- `runs_on_several_threads`: each run's log manager calls `logging.config.dictConfig` even when the
+  instance configures no Python log handlers (`EventMethods.get_yaml_python_handlers`). dictConfig
+  takes the logging module's lock and then every handler's, while a run on another thread emitting
+  an event holds its handler's lock and asks for the module's: `photon run`'s two run threads
+  deadlocked so. With no handler configured, no dictConfig is needed.
 
 tests/photon/test_dagster_internals.py fails, naming what changed, when a Dagster upgrade moves or
 changes any of them.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +46,28 @@ IN_PROCESS_RUNS = {
         "class": "SyncInMemoryRunLauncher",
     },
     "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+    # A step's stdout and stderr are captured by pointing the process's file descriptors 1 and 2 at a
+    # file for the step: with runs on two threads (photon/runner.py: query_passes) each capture would
+    # restore the other's file as the "original", and the process's own output went into a step's
+    # log for good. Run events, logs and metadata are stored as usual.
+    "compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager", "class": "NoOpComputeLogManager"},
 }
+
+
+def runs_on_several_threads() -> None:
+    """Lets runs execute on several threads of this process (see the module docstring); idempotent."""
+    from dagster._core.instance.methods.event_methods import EventMethods
+
+    original = EventMethods.get_yaml_python_handlers
+    if getattr(original, "photon_patched", False):
+        return
+
+    def yaml_python_handlers(self):
+        configured = self._settings_impl and self._instance.get_python_log_dagster_handler_config()
+        return original(self) if configured else []
+
+    yaml_python_handlers.photon_patched = True
+    EventMethods.get_yaml_python_handlers = yaml_python_handlers
 
 
 def instance_at(dagster_home: Path, in_process_runs: bool = False) -> dg.DagsterInstance:
@@ -69,16 +98,43 @@ def remote_sensors(context: WorkspaceProcessContext) -> tuple[list, list[str]]:
     return sensors, errors
 
 
+# The daemon's module functions are replaced while any thread runs a pass (photon run ticks its query
+# dispatchers on a thread of their own); each thread's pass brings its own order and pace, and a
+# thread running none gets the daemon's own behaviour.
+_rules = threading.local()
+_installed = {"count": 0}
+_install_lock = threading.Lock()
+_ORIGINAL = {"shuffle": sensor_daemon.shuffled_round_robin_by_key, "under": sensor_daemon.is_under_min_interval}
+
+
+def _ordered(sensors, key):
+    order = getattr(_rules, "order", None)
+    return order(list(sensors)) if order else _ORIGINAL["shuffle"](sensors, key)
+
+
+def _under_interval(state, sensor, *args, **kwargs) -> bool:
+    pace = getattr(_rules, "pace", None)
+    if pace is not None and (sensor.min_interval_seconds or 0) <= pace:
+        return False
+    return _ORIGINAL["under"](state, sensor, *args, **kwargs)
+
+
 @contextmanager
 def _pass_rules(order: Callable[[list], list], pace_seconds: float):
-    shuffle, under_interval = sensor_daemon.shuffled_round_robin_by_key, sensor_daemon.is_under_min_interval
-    sensor_daemon.shuffled_round_robin_by_key = lambda sensors, key: order(list(sensors))
-    sensor_daemon.is_under_min_interval = lambda state, sensor, *args, **kwargs: (
-        (sensor.min_interval_seconds or 0) > pace_seconds and under_interval(state, sensor, *args, **kwargs))
+    with _install_lock:
+        if _installed["count"] == 0:
+            sensor_daemon.shuffled_round_robin_by_key, sensor_daemon.is_under_min_interval = _ordered, _under_interval
+        _installed["count"] += 1
+    _rules.order, _rules.pace = order, pace_seconds
     try:
         yield
     finally:
-        sensor_daemon.shuffled_round_robin_by_key, sensor_daemon.is_under_min_interval = shuffle, under_interval
+        _rules.order = _rules.pace = None
+        with _install_lock:
+            _installed["count"] -= 1
+            if _installed["count"] == 0:
+                sensor_daemon.shuffled_round_robin_by_key = _ORIGINAL["shuffle"]
+                sensor_daemon.is_under_min_interval = _ORIGINAL["under"]
 
 
 def sensor_pass(context: WorkspaceProcessContext, logger: logging.Logger, order: Callable[[list], list],

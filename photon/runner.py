@@ -28,19 +28,36 @@ from pathlib import Path
 import dagster as dg
 
 from photon.check_outcomes import CheckOutcome, outcomes
-from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
+from photon.dagster_internals import (
+    in_process_workspace,
+    instance_at,
+    remote_sensors,
+    runs_on_several_threads,
+    sensor_pass,
+)
 from photon.run_processes import kill_run_process
+from photon.query_tail import TailSettings
+from photon.tailers import QueryTailers
 from resources.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
 from resources.registry import ADDRESS_ENV, registry_resource_from_env
 from resources.spark import spark_session
 from resources.settings import pipeline_settings
+from resources.repeating import repeated
 from resources.work_claims import leases_held
+from resources.work_unit_log import WorkUnitLog, new_ranges
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from sensors.freshness import FRESHNESS_SENSOR
 from sensors.upkeep import AGGREGATES_SENSOR, MAINTENANCE_SENSOR
 from photon_assets.jobs import VERIFY_JOB
-from photon_assets.work_unit import PENDING, TAG_DC, UNFINISHED, work_units_awaiting_retry, work_units_failed_for_good
+from photon_assets.work_unit import (
+    PENDING,
+    TAG_DC,
+    UNFINISHED,
+    work_units_awaiting_retry,
+    work_units_failed_for_good,
+    work_units_in_flight,
+)
 from spark_ops.tables import table_committed, tables_locked
 
 # Sensor passes in a row that launch nothing before the pipeline counts as idle: one, as every sensor
@@ -253,6 +270,16 @@ def start_spark_session(log: logging.Logger) -> None:
 
 
 @contextmanager
+def query_tailers(layout: DataLayout, datacenters: list[str], log: logging.Logger):
+    """The datacenters' query tailers (photon/tailers.py), for as long as the registry service."""
+    tailers = QueryTailers(layout, datacenters, log, TailSettings.of(pipeline_settings()).to_json()).start()
+    try:
+        yield tailers
+    finally:
+        tailers.stop()
+
+
+@contextmanager
 def datacenter_leases(layout: DataLayout, datacenters: list[str], log: logging.Logger):
     """These datacenters' leases in the registry (resources/ownership.py), held while the pipeline
     runs: once one lapses, the other datacenters take over its share of the click lines."""
@@ -276,7 +303,7 @@ def run_until_idle(
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
     with exclusive(layout, datacenters), registry_service(layout, log) as registry, \
-            datacenter_leases(layout, datacenters, log):
+            datacenter_leases(layout, datacenters, log), query_tailers(layout, datacenters, log) as tailers:
         # Only after the registry child is forked: its `preexec_fn` is not safe while another thread
         # runs (subprocess's documentation), and this one forks the JVM.
         threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
@@ -301,7 +328,7 @@ def run_until_idle(
             try:
                 while True:
                     drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
-                          registry, min_seconds)
+                          registry, min_seconds, tailers)
                     checks = verify(instance, layout)
                     verification = {check.name: check.passed for check in checks}
                     if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
@@ -337,9 +364,9 @@ def own_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
     return sum(instance.get_runs_count(dg.RunsFilter(tags={TAG_DC: dc})) for dc in datacenters)
 
 
-# Within a pass: query work first, so that the click work cut next finds those queries ingested
-# (pacing cuts click lines up to the query stream's watermark), then pending-click retries, then
-# the work kept off the click path (sensors/upkeep.py).
+# Within a pass: query work first, then click work, then pending-click retries, then the work kept
+# off the click path (sensors/upkeep.py). `photon run` ticks the query dispatchers and that work on a
+# thread of their own (off_click_passes), the click and pending-click dispatchers on the main loop.
 PASS_ORDER = ("query_log_dispatcher_", "click_log_dispatcher_", "pending_click_dispatcher_", AGGREGATES_SENSOR,
               MAINTENANCE_SENSOR)
 
@@ -350,12 +377,51 @@ def pass_order(sensors: list) -> list:
     return sorted(sensors, key=lambda s: (next((i for i, p in enumerate(PASS_ORDER) if s.name.startswith(p)), 99), s.name))
 
 
+def off_the_click_path(sensor) -> bool:
+    """The query dispatchers (the durable tier, now that the query tailers feed the memory tier), the
+    aggregates refresher and table maintenance: they tick on a thread of their own (off_click_passes)."""
+    return sensor.name.startswith((PASS_ORDER[0], AGGREGATES_SENSOR, MAINTENANCE_SENSOR))
+
+
+def click_pass_order(sensors: list) -> list:
+    """The main loop's pass: the click and pending-click dispatchers."""
+    return [s for s in pass_order(sensors) if not off_the_click_path(s)]
+
+
+def off_click_pass_order(sensors: list) -> list:
+    return [s for s in pass_order(sensors) if off_the_click_path(s)]
+
+
+@contextmanager
+def off_click_passes(context, log: logging.Logger):
+    """The sensors off the click path ticked on a thread of their own, their runs executed on it beside
+    the main loop's click runs, on the same Spark session: the query tailers feed the memory tier, so
+    no click run waits for a query run, an aggregates refresh or a table maintenance run."""
+    runs_on_several_threads()
+
+    def one_pass() -> None:
+        try:
+            sensor_pass(context, log, off_click_pass_order, PASS_INTERVAL_SECONDS)
+        except Exception:  # a tick's own errors are recorded as failed ticks; this is anything else
+            log.exception("a pass of the sensors off the click path failed; the next one goes on")
+
+    with repeated(one_pass, PASS_INTERVAL_SECONDS, "off-click-path"):
+        yield
+
+
 def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
-          registry: subprocess.Popen | None, min_seconds: float = 0.0) -> None:
+          registry: subprocess.Popen | None, min_seconds: float = 0.0, tailers: QueryTailers | None = None) -> None:
     """Sensor passes until IDLE_PASSES in a row launch nothing and nothing of these datacenters
     waits, and min_seconds have passed since the start. Stops when this process's own registry
     service (None: a service at PHOTON_REGISTRY_ADDRESS, which its operator restarts) exited:
     nothing would restart it, and every run would fail until the timeout."""
+    with off_click_passes(context, log.getChild("sensors")):
+        _drain(instance, context, layout, datacenters, log, started, timeout_seconds, first_run, registry,
+               min_seconds, tailers, sensors)
+
+
+def _drain(instance, context, layout, datacenters, log, started, timeout_seconds, first_run, registry, min_seconds,
+           tailers, sensors) -> None:
     idle = 0
     while idle < IDLE_PASSES or time.monotonic() - started < min_seconds:
         if time.monotonic() - started > timeout_seconds:
@@ -363,9 +429,11 @@ def drain(instance, context, sensors, layout, datacenters, log, started, timeout
         if registry is not None:
             stop_if_exited("the local registry service", registry, registry_log(layout),
                            "state is kept, run again to continue; ")
+        if tailers is not None:
+            tailers.watch()
         pass_started = time.monotonic()
         before = own_runs(instance, datacenters)
-        sensor_pass(context, log.getChild("sensors"), pass_order, PASS_INTERVAL_SECONDS)
+        sensor_pass(context, log.getChild("sensors"), click_pass_order, PASS_INTERVAL_SECONDS)
         launched = own_runs(instance, datacenters) - before
         retrying = [u for u in work_units_awaiting_retry(instance) if u.split(".")[0] in datacenters]
         waiting = retrying or dispatchers_waiting(instance, sensors, layout, datacenters)
@@ -413,8 +481,18 @@ def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: Dat
         state = json.loads(cursor) if cursor else {}
         if state.get("held"):
             waiting.append(f"{sensor.name}: pacing")
+        if state.get("deferred"):
+            waiting.append(f"{sensor.name}: query lines wait for the durable tier's cadence")
         if state.get("waiting"):
             waiting.append(f"{sensor.name}: another datacenter's share")
+    # The query dispatchers tick on their own thread (off_click_passes): their work counts until it is cut and run.
+    running = [u for u in work_units_in_flight(instance) if u.split(".")[0] in datacenters]
+    if running:
+        waiting.append(f"runs in flight: {', '.join(sorted(running))}")
+    for dc in datacenters:
+        cut = WorkUnitLog.load(layout.work_unit_log(dc, "query")).next_offsets()
+        if new_ranges(layout.stream_dir(dc, "query"), cut):
+            waiting.append(f"{dc}: query lines not cut yet")
     given_up = work_units_failed_for_good(instance)
     for dc in datacenters:
         if any(unit.startswith(f"{dc}.{PENDING}.") for unit in given_up):

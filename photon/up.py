@@ -3,13 +3,16 @@
 Components, each a process (group) of its own, each logging to `<data-dir>/state/up/<name>.log`:
 - the registry service (`photon registry serve`, started as `photon run` starts it, photon/runner.py;
   it logs to `<data-dir>/state/registry.log`);
+- a query tailer per datacenter (`photon event-store tail`, photon/tailers.py), feeding the
+  EventStore's memory tier in the registry service as query bytes land; restarted if it exits, since
+  it resumes where the registry service says it was (`<data-dir>/state/query_tail_<dc>.log`);
 - a Spark Connect server with Delta (resources/spark_connect.py): the long-lived Spark every run
   uses, so a run in a process of its own connects in ~0.3 s instead of starting a JVM;
 - `dagster-daemon`, with the dispatchers running (they are stopped by default elsewhere), launching
   each run in a process of its own (Dagster's default run launcher);
 - `dagster-webserver`, the UI.
 
-A component that exits stops the whole deployment with a one-line error naming it and its log
+A component that exits (but a query tailer) stops the whole deployment with a one-line error naming it and its log
 (`photon up` does not restart it: a deployment that heals silently hides a crash loop). SIGINT or
 SIGTERM stops every component, the daemon and its runs first. A run cut short is marked failed when
 `photon up` (or `photon run`) next starts on the directory, its process killed first if it outlived
@@ -36,7 +39,7 @@ import dagster as dg
 
 from photon.runner import (
     RunnerError, die_with_parent, exclusive, fail_orphaned_runs, headless_instance, prepare_environment,
-    datacenter_leases, registry_log, registry_service, stop_if_exited,
+    datacenter_leases, query_tailers, registry_log, registry_service, stop_if_exited,
 )
 from photon.run_processes import process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC
@@ -165,6 +168,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
                 log.warning("marked %d run(s) cut short earlier as failed; their work units will be retried", orphans)
             registry = held.enter_context(registry_service(layout, log))
             held.enter_context(datacenter_leases(layout, datacenters, log))
+            tailers = held.enter_context(query_tailers(layout, datacenters, log))
             spark_port = free_port()
             remote = f"sc://127.0.0.1:{spark_port}"
             spark = start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment())
@@ -189,6 +193,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             while not stopping:
                 for component in watched:
                     stop_if_exited(component.name, component.process, component.log)
+                tailers.watch()
                 if time.monotonic() - reaped > REAP_EVERY_SECONDS:
                     for run_id in fail_dead_runs(instance, datacenters):
                         log.warning("run %s: its process died; marked failed, its work unit will be retried", run_id)

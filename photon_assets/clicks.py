@@ -24,7 +24,14 @@ from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from resources.stream_state import EventTimeWatermark, PendingDigest, QueryCache, QueryProgress, pending_retry_decision
+from resources.stream_state import (
+    EventTimeWatermark,
+    PendingDigest,
+    QueryCache,
+    QueryProgress,
+    known_query_progress,
+    pending_retry_decision,
+)
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks, stage_lines
@@ -203,8 +210,8 @@ def join_pass(
         # Pending clicks that query data arrived for are retried here rather than by a run of
         # their own: a live pass then pays one click run's fixed cost, not two.
         retrying = pending_retry_decision(
-            PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)), progress,
-            settings.unjoinable_after_seconds,
+            PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)),
+            known_query_progress(*warehouse.layout.query_progress_files(config.dc)), settings.unjoinable_after_seconds,
         ).ready
         work = JoinInput(events(parsed), policy.due(session, pending_path, config.dc, staging / "due") if retrying else None)
     meter.phase("parse_and_ledger")

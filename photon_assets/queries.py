@@ -123,8 +123,10 @@ def ingest_pass(
     watermark = EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "query")).watermark_us
     latest_valid = config.clock() + int(settings.future_tolerance_seconds * 1e6)
     before = QueryProgress.load(progress_file).max_ts
-    put = QueryPut(registry.get(), config.dc, config.work_unit, config.attempt, before, latest_valid,
-                   settings.query_memory_seconds, settings.query_memory_bytes)
+    client = registry.get()
+    put = QueryPut(client, config.dc, config.work_unit, config.attempt, before, latest_valid,
+                   settings.query_memory_seconds, settings.query_memory_bytes,
+                   tailed=client.tail_state(config.dc) is not None)
     try:
         parsed = stage_queries(session, warehouse.stream_dir(config.dc, "query"), config.byte_ranges(),
                                settings.max_line_bytes, put, staging / "parsed")

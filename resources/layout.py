@@ -41,6 +41,18 @@ class DataLayout:
     def query_progress_file(self, dc: str) -> Path:
         return self.root / "state" / "streams" / dc / "query_progress.json"
 
+    def query_tail_file(self, dc: str) -> Path:
+        """Where the query tailer (photon/query_tail.py) has read each query log to, and when."""
+        return self.root / "state" / "streams" / dc / "query_tail.json"
+
+    def query_tail_progress_file(self, dc: str) -> Path:
+        """The query writers' times the query tailer has put into the memory tier (QueryProgress)."""
+        return self.root / "state" / "streams" / dc / "query_tail_progress.json"
+
+    def query_progress_files(self, dc: str) -> tuple[Path, Path, Path]:
+        """What the known progress of the query stream is read from (stream_state.known_query_progress)."""
+        return self.query_progress_file(dc), self.query_tail_file(dc), self.query_tail_progress_file(dc)
+
     def pending_digest_file(self, dc: str) -> Path:
         return self.root / "state" / "streams" / dc / "pending_clicks.json"
 

@@ -90,6 +90,9 @@ class _Datacenter:
     hits: int = 0
     misses: int = 0
     evicted_rows: int = 0
+    # Set once a query tailer feeds this datacenter (photon/query_tail.py): where it has read each
+    # query log to, and per writer the newest query time it has put (see `put_tailed`).
+    tail: dict | None = None
 
     @property
     def nbytes(self) -> int:
@@ -145,6 +148,30 @@ class RecentQueries:
                     held.newest_ts = high if held.newest_ts is None else max(held.newest_ts, high)
             evicted = self._evict(held, int(retention_seconds * 1e6), budget_bytes)
             return {"rows": held.rows, "bytes": held.nbytes, "evicted_pieces": evicted}
+
+    def put_tailed(self, dc: str, queries: pa.Table, tail: dict, latest_valid_ts: int, retention_seconds: float,
+                   budget_bytes: int) -> dict:
+        """Holds the lines a query tailer read since its last put, and records with them, under the
+        same lock, where it has read each file to and each writer's newest query time (`tail`:
+        {"part", "offsets", "writers"}). The tailer puts a writer's lines in log order before it
+        raises that writer's time, so a query of a writer at or below it, above the horizon, that is
+        not here, was never logged: that is what a click lookup vouches by once a tailer feeds the
+        datacenter. Its pieces are keyed by the part number it counts up; a tailer that restarts
+        reads `tail_state` and goes on from there. The state lives and dies with the pieces (this
+        process): a fresh one has none, and the tailer starts over from the logs' first byte."""
+        counts = self.put(dc, "tail", 1, int(tail["part"]), queries, None, latest_valid_ts, retention_seconds,
+                          budget_bytes)
+        with self._lock:
+            held = self._dcs[dc]
+            held.tail = {"part": int(tail["part"]), "offsets": dict(tail["offsets"]), "writers": dict(tail["writers"])}
+        return counts
+
+    def tail_state(self, dc: str) -> dict | None:
+        """What the tailer of `dc` recorded with its last put (see put_tailed); None: no tailer fed it."""
+        with self._lock:
+            held = self._dcs.get(dc)
+            return None if held is None or held.tail is None else {
+                "part": held.tail["part"], "offsets": dict(held.tail["offsets"]), "writers": dict(held.tail["writers"])}
 
     @staticmethod
     def _evict(held: _Datacenter, retention_us: int, budget_bytes: int) -> int:
@@ -215,7 +242,7 @@ class RecentQueries:
         with self._lock:
             return {dc: {"rows": h.rows, "located_rows": h.located_rows, "bytes": h.nbytes, "pieces": len(h.pieces),
                          "horizon_ts": h.horizon_ts, "newest_ts": h.newest_ts, "hits": h.hits, "misses": h.misses,
-                         "evicted_rows": h.evicted_rows}
+                         "evicted_rows": h.evicted_rows, "tailed": h.tail is not None}
                     for dc, h in self._dcs.items()}
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from pydantic import PrivateAttr
 
-from resources.registry_api import SECRET_ENV, ArrowSource, IdRegistry  # noqa: F401 (re-exported)
+from resources.registry_api import ADDRESS_ENV, SECRET_ENV, ArrowSource, IdRegistry  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from resources.registry_shards import ShardedIdRegistry
@@ -76,7 +76,6 @@ class IdRegistryResource(dg.ConfigurableResource):
         return self._registry
 
 
-ADDRESS_ENV = "PHOTON_REGISTRY_ADDRESS"
 MODE_ENV = "PHOTON_REGISTRY_MODE"
 
 

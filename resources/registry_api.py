@@ -31,6 +31,8 @@ ArrowSource = Union[pa.Table, pa.RecordBatchReader, ds.Dataset]
 # The registry service's shared secret, for its server and its clients (`photon registry` reads it
 # here: the command does not load Dagster).
 SECRET_ENV = "PHOTON_REGISTRY_SECRET"
+# The registry service's address (`host:port`), for the processes that call it.
+ADDRESS_ENV = "PHOTON_REGISTRY_ADDRESS"
 
 
 class IdRegistry(ABC):
@@ -111,6 +113,16 @@ class IdRegistry(ABC):
                          ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
                          budget_bytes: int) -> dict:
         """Hold one task's share of a work unit's query lines (recent_queries.PIECE_SCHEMA)."""
+
+    @abstractmethod
+    def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:
+        """Hold the lines a query tailer read (PIECE_SCHEMA) with where it read to (`tail`: "part",
+        "offsets", "writers", and the put's "latest_valid_ts", "retention_seconds", "budget_bytes")."""
+
+    @abstractmethod
+    def tail_state(self, dc: str) -> dict | None:
+        """What `dc`'s query tailer recorded with its last put ("part", "offsets", "writers"); None
+        while no tailer feeds it."""
 
     @abstractmethod
     def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:

@@ -111,11 +111,14 @@ class RegistryServer(flight.FlightServerBase):
                     command.get("ingested_before_ts"), int(command["latest_valid_ts"]),
                     float(command["retention_seconds"]), int(command["budget_bytes"]))
                 result = pa.table({k: pa.array([v], pa.int64()) for k, v in counts.items()})
+            elif op == "remember_tailed":
+                counts = self.registry.remember_tailed(command["dc"], events, command["tail"])
+                result = pa.table({k: pa.array([v], pa.int64()) for k, v in counts.items()})
             elif op == "recall_queries":
                 result = self.registry.recall_queries(command["dc"], events)
             else:
                 raise ValueError(f"unknown exchange op {op!r} (commit, lookup, delete, grant_clicks, "
-                                 "remember_queries, recall_queries)")
+                                 "remember_queries, remember_tailed, recall_queries)")
         writer.begin(result.schema)
         writer.write_table(result)
 
@@ -142,9 +145,11 @@ class RegistryServer(flight.FlightServerBase):
                 result = self.registry.work_claims(body["stream"], body["files"])
             elif action.type == "queries_horizon":
                 result = self.registry.queries_horizon(body["dc"])
+            elif action.type == "tail_state":
+                result = self.registry.tail_state(body["dc"])
             else:
                 raise ValueError(f"unknown action {action.type!r} (clear_tokens, stats, counters, reshard, gc, "
-                                 "heartbeat, claim_work, finish_work, work_claims, queries_horizon)")
+                                 "heartbeat, claim_work, finish_work, work_claims, queries_horizon, tail_state)")
         return [json.dumps(result).encode()]
 
     def list_actions(self, context):
@@ -152,7 +157,8 @@ class RegistryServer(flight.FlightServerBase):
                 ("reshard", "change the shard count from a time on"), ("gc", "run one GC pass"),
                 ("heartbeat", "renew a datacenter's lease; every lease"), ("claim_work", "record cut work units"),
                 ("finish_work", "mark a work unit done"), ("work_claims", "claims on log files"),
-                ("queries_horizon", "the newest query time the memory tier may lack")]
+                ("queries_horizon", "the newest query time the memory tier may lack"),
+                ("tail_state", "where a datacenter's query tailer read to")]
 
     def do_get(self, context, ticket):
         return flight.RecordBatchStream(self.registry.scan())
@@ -367,6 +373,12 @@ class RemoteIdRegistry(IdRegistry):
                    "ingested_before_ts": ingested_before_ts, "latest_valid_ts": latest_valid_ts,
                    "retention_seconds": retention_seconds, "budget_bytes": budget_bytes}
         return self._exchange(command, queries, PIECE_SCHEMA).to_pylist()[0]
+
+    def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:
+        return self._exchange({"op": "remember_tailed", "dc": dc, "tail": tail}, queries, PIECE_SCHEMA).to_pylist()[0]
+
+    def tail_state(self, dc: str) -> dict | None:
+        return self._action("tail_state", {"dc": dc})
 
     def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
         return self._exchange({"op": "recall_queries", "dc": dc}, wanted, WANTED_QUERIES)

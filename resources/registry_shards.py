@@ -522,6 +522,13 @@ class ShardedIdRegistry(IdRegistry):
         return self._recent.put(dc, unit, attempt, part, read_arrow(queries, PIECE_SCHEMA), ingested_before_ts,
                                 latest_valid_ts, retention_seconds, budget_bytes)
 
+    def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:
+        return self._recent.put_tailed(dc, read_arrow(queries, PIECE_SCHEMA), tail, int(tail["latest_valid_ts"]),
+                                       float(tail["retention_seconds"]), int(tail["budget_bytes"]))
+
+    def tail_state(self, dc: str) -> dict | None:
+        return self._recent.tail_state(dc)
+
     def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
         return self._recent.get(dc, read_arrow(wanted, WANTED_QUERIES))
 

@@ -46,6 +46,10 @@ class PipelineSettings(dg.ConfigurableResource):
     # seconds to minutes: at 10,000 queries/s, 512 MiB holds ~2 minutes of lines, or ~15 located.
     query_memory_seconds: float = 600.0
     query_memory_bytes: int = 512 << 20
+    # While a query tailer feeds the memory tier (photon/query_tail.py), clicks do not wait for query
+    # runs: the query dispatcher cuts the durable tier's work at most this often (sooner once a
+    # catch-up unit's worth waits), so that a run's fixed cost is paid for more lines.
+    query_run_every_seconds: float = 10.0
     # EventStore durable tier: query_logs keeps this much event time of queries behind the newest
     # one; older queries are found through log_file_map in the raw logs. Table maintenance evicts
     # older ones, and deletes the files they were in once no run can still be reading them.

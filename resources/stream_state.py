@@ -16,6 +16,8 @@ once); sensors and `photon run` only read them.
 - Query cache: bounds of what the datacenter's cache tier holds (see QueryCache).
 - Event-time watermark, per stream: a low watermark of the event times ingested (see
   EventTimeWatermark). Pacing holds click lines ahead of the query stream's.
+- Query tail: the query tailer's mirror of what it fed the memory tier (QueryTail; its writers'
+  times as a QueryProgress of its own, and a watermark `query_tail`). The tailer is its one writer.
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ def _write(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
+def _document(cls, path: Path):
+    """A dataclass document of this module as stored at `path`; the class's defaults if none is."""
+    doc = _read(path)
+    if doc is None:
+        return cls()
+    doc.pop("v")
+    return cls(**doc)
+
+
 @contextmanager
 def _locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,6 +93,17 @@ class QueryProgress:
         # Documents written before backfills were counted list the writer's files instead.
         return cls({name: WriterProgress(w["max_ts"], w.get("backfills", 0)) for name, w in doc["writers"].items()})
 
+    def with_tailed(self, tailed: "QueryProgress") -> "QueryProgress":
+        """The query stream's progress as far as it is known: each writer's newest time ingested by a
+        query run or put into the memory tier by the query tailer, whichever is later. Backfills are
+        the query runs' only: the tailer reads every file in log order, and a pending click's
+        digest counts the runs' backfills."""
+        writers = {name: WriterProgress(w.max_ts, w.backfills) for name, w in self.writers.items()}
+        for name, w in tailed.writers.items():
+            known = writers.setdefault(name, WriterProgress(w.max_ts))
+            known.max_ts = max(known.max_ts, w.max_ts)
+        return QueryProgress(writers)
+
     @classmethod
     def merge(cls, path: Path, ingested: dict[str, tuple[int, int]]) -> "QueryProgress":
         """Adds one work unit's writers: per writer, the oldest and newest timestamp of its lines.
@@ -100,6 +122,42 @@ class QueryProgress:
                 known.max_ts = max(known.max_ts, max_ts)
             _write(path, {"writers": {name: asdict(w) for name, w in progress.writers.items()}})
             return progress
+
+
+# A query tail mirror older than this is a tailer that is not running: the dispatchers go by the
+# query runs alone then.
+TAIL_FRESH_SECONDS = 10.0
+
+
+@dataclass
+class QueryTail:
+    """The query tailer's mirror (photon/query_tail.py): where it read each query log to (the same
+    offsets it recorded in the registry service with its last put) and when it last polled."""
+
+    offsets: dict[str, int] = field(default_factory=dict)
+    part: int = 0
+    updated_at: float = 0.0
+
+    @classmethod
+    def load(cls, path: Path) -> "QueryTail":
+        return _document(cls, path)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, asdict(self))
+
+    def fresh(self, now: float | None = None) -> bool:
+        """Whether a tailer is feeding the memory tier (it polled within TAIL_FRESH_SECONDS)."""
+        return (time.time() if now is None else now) - self.updated_at <= TAIL_FRESH_SECONDS
+
+
+def known_query_progress(progress_file: Path, tail_file: Path, tail_progress_file: Path) -> QueryProgress:
+    """The query stream's progress as the scheduling of pending clicks goes by it: the query runs',
+    with the query tailer's writers' times while its mirror is fresh (QueryProgress.with_tailed)."""
+    progress = QueryProgress.load(progress_file)
+    if QueryTail.load(tail_file).fresh():
+        progress = progress.with_tailed(QueryProgress.load(tail_progress_file))
+    return progress
 
 
 @dataclass
@@ -188,11 +246,7 @@ class PendingDigest:
 
     @classmethod
     def load(cls, path: Path) -> "PendingDigest":
-        doc = _read(path)
-        if doc is None:
-            return cls()
-        doc.pop("v")
-        return cls(**doc)
+        return _document(cls, path)
 
     def save(self, path: Path) -> None:
         with _locked(path):
@@ -245,11 +299,7 @@ class EventTimeWatermark:
 
     @classmethod
     def load(cls, path: Path) -> "EventTimeWatermark":
-        doc = _read(path)
-        if doc is None:
-            return cls()
-        doc.pop("v")
-        return cls(**doc)
+        return _document(cls, path)
 
     @property
     def accuracy(self) -> float | None:

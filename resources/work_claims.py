@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from resources.repeating import repeated
+
 if TYPE_CHECKING:
     from resources.registry_api import IdRegistry
 
@@ -116,25 +118,17 @@ def leases_held(registry: "IdRegistry", datacenters: list[str], lease_seconds: f
     """Holds these datacenters' leases while the block runs: renewed every quarter lease on a thread,
     released at the end so that the others take over at once. A failed renewal is logged and retried
     (the registry may be restarting); the lease then lapses only if it stays down."""
-    stop = threading.Event()
-
     def renew() -> None:
-        while True:
-            for dc in datacenters:
-                try:
-                    registry.heartbeat(dc, lease_seconds)
-                except Exception as error:  # noqa: BLE001 - any failure: try again next quarter
-                    log.warning("could not renew the lease of %s: %s", dc, str(error).splitlines()[0])
-            if stop.wait(lease_seconds / 4):
-                return
+        for dc in datacenters:
+            try:
+                registry.heartbeat(dc, lease_seconds)
+            except Exception as error:  # noqa: BLE001 - any failure: try again next quarter
+                log.warning("could not renew the lease of %s: %s", dc, str(error).splitlines()[0])
 
-    thread = threading.Thread(target=renew, name="lease-renewal", daemon=True)
-    thread.start()
     try:
-        yield
+        with repeated(renew, lease_seconds / 4, "lease-renewal"):
+            yield
     finally:
-        stop.set()
-        thread.join()
         for dc in datacenters:
             with contextlib.suppress(Exception):
                 registry.heartbeat(dc, 0)

@@ -36,7 +36,14 @@ from resources.layout import DataLayout
 from resources.ownership import claim_units, divide_clicks, shared_among_datacenters
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
-from resources.stream_state import EventTimeWatermark, PendingDigest, QueryProgress, RetryDecision, pending_retry_decision
+from resources.stream_state import (
+    EventTimeWatermark,
+    PendingDigest,
+    QueryTail,
+    RetryDecision,
+    known_query_progress,
+    pending_retry_decision,
+)
 from resources.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 from sensors.retries import plan_retries
 
@@ -100,18 +107,39 @@ class Pacing:
     ahead_seconds: float | None = None
 
 
-def query_data_waiting(layout: DataLayout, dc: str, instance: dg.DagsterInstance) -> bool:
-    """Whether query data that will advance the query stream's progress waits: complete lines not
-    cut into work units yet, or query work units not finished (running, or to be retried)."""
+def query_data_waiting(layout: DataLayout, dc: str, instance: dg.DagsterInstance, tail: QueryTail) -> bool:
+    """Whether query data that will advance the query stream's progress waits: with a query tailer
+    feeding the memory tier, complete lines it has not read yet; without one, complete lines not cut
+    into work units yet, or query work units not finished (running, or to be retried)."""
+    if tail.fresh():
+        return bool(new_ranges(layout.stream_dir(dc, "query"), tail.offsets))
     cut = WorkUnitLog.load(layout.work_unit_log(dc, "query"))
     if new_ranges(layout.stream_dir(dc, "query"), cut.next_offsets()):
         return True
     return any(unit.startswith(f"{dc}.query.") for unit in work_units_in_flight(instance))
 
 
+def query_watermark_file(layout: DataLayout, dc: str, tail: QueryTail) -> Path:
+    """The query stream's watermark pacing goes by: the query tailer's while it feeds the memory tier
+    (within a second of the logs), else the query runs'."""
+    return layout.watermark_file(dc, "query_tail" if tail.fresh() else "query")
+
+
+def query_run_deferred(stream: str, ranges: list, cursor: dict, tail: QueryTail, settings: PipelineSettings,
+                       now: float) -> bool:
+    """While a query tailer feeds the memory tier, the query log dispatcher cuts at most every
+    `query_run_every_seconds` (sooner once a catch-up unit's worth waits): its runs build the
+    durable tier, off the click path."""
+    if stream != "query" or not ranges or not tail.fresh():
+        return False
+    waiting = sum(end - start for _, start, end in ranges)
+    return (waiting < settings.query_catch_up_work_unit_bytes
+            and now - cursor.get("cut_at", 0.0) < settings.query_run_every_seconds)
+
+
 def pace_clicks(
     layout: DataLayout, dc: str, ranges: list[tuple[str, int, int]], held_before: dict[str, list],
-    query_waiting: bool, settings: PipelineSettings, now: float,
+    query_waiting: bool, settings: PipelineSettings, now: float, watermark_file: Path | None = None,
 ) -> Pacing:
     """Stream synchronisation (Facebook §5.2): while query data that will advance the query
     stream waits, click lines more than `pacing_margin_seconds` ahead of its event-time watermark
@@ -122,7 +150,7 @@ def pace_clicks(
     if not ranges or settings.pacing_max_hold_seconds <= 0 or not query_waiting:
         return Pacing(ranges, {})
     stream_dir = layout.stream_dir(dc, "click")
-    watermark = EventTimeWatermark.load(layout.watermark_file(dc, "query")).watermark_us
+    watermark = EventTimeWatermark.load(watermark_file or layout.watermark_file(dc, "query")).watermark_us
     bound = None if watermark is None else watermark + int(settings.pacing_margin_seconds * 1e6)
     cut_ranges, held, released = [], {}, []
     for file, start, end in ranges:
@@ -198,12 +226,21 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
             in_flight = log_runs_in_flight(context.instance, dc, stream)
             backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
             ranges = [] if backed_up else new_ranges(stream_dir, log.next_offsets())
+            tail = QueryTail.load(layout.query_tail_file(dc))
+            deferred = query_run_deferred(stream, ranges, cursor, tail, settings, time.time())
+            if stream == "query":
+                cursor["deferred"] = deferred
             if backed_up:
                 hold_reason = (f"back-pressure: {in_flight} work unit(s) of logs/{dc}/{stream}/ queued or running; "
                                "new lines are cut when one finishes")
+            elif deferred:
+                hold_reason = (f"the query tailer feeds the memory tier: logs/{dc}/query/ is cut for the durable "
+                               f"tier every {settings.query_run_every_seconds:.0f} s")
+                ranges = []
             elif stream == "click":
-                waiting = bool(ranges) and query_data_waiting(layout, dc, context.instance)
-                pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time())
+                waiting = bool(ranges) and query_data_waiting(layout, dc, context.instance, tail)
+                pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time(),
+                                     query_watermark_file(layout, dc, tail))
                 if pacing.held and not cursor["held"]:
                     context.log.info(pacing.reason)
                     observations.append(pacing_observation(dc, True, pacing.ahead_seconds))
@@ -230,6 +267,8 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
             units = cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units), skipped)
             # Recorded durably before any run is requested: a crash in between re-requests the same units.
             log.append(units)
+            if units and stream == "query":
+                cursor["cut_at"] = time.time()  # the durable tier's cadence (query_run_deferred)
             fresh: list[WorkUnit] = [u for u in log.units[cursor["requested"]:] if u.dispatched]
             if active_active:
                 claim_units(registry.get(), dc, stream, fresh)
@@ -302,6 +341,6 @@ def pending_dispatcher(dc: str, data_dir: str) -> dg.SensorDefinition:
 def pending_retry(layout: DataLayout, dc: str, settings: PipelineSettings) -> RetryDecision:
     return pending_retry_decision(
         PendingDigest.load(layout.pending_digest_file(dc)),
-        QueryProgress.load(layout.query_progress_file(dc)),
+        known_query_progress(*layout.query_progress_files(dc)),
         settings.unjoinable_after_seconds,
     )

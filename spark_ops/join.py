@@ -284,14 +284,17 @@ def _looked(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token:
     taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != token))
     future = F.lit(False) if validity is None else validity.from_future(F.col("timestamp_us"))
     ingested = F.coalesce(F.col("writer_ts") >= F.col("query_ts"), F.lit(False))
+    # What the memory tier was fed up to: by a query tailer, the writer's time it put; by query runs
+    # (no tailer), the writer's ingested progress, since a query run puts before it records that.
+    fed = F.coalesce(F.col("query_fed_ts") >= F.col("query_ts"), ingested)
     vouched = horizon.isNotNull() & (F.col("query_ts") > horizon)
     state = (
         F.when(taken, TAKEN).when(status == "too_old", TOO_OLD).when(future, FUTURE)
-        .when(line.isNotNull(), IN_MEMORY).when(ingested & vouched, NOT_HELD).when(ingested, BEYOND_MEMORY)
+        .when(line.isNotNull(), IN_MEMORY).when(fed & vouched, NOT_HELD).when(fed | ingested, BEYOND_MEMORY)
         .otherwise(NOT_INGESTED)
     )
     return looked.withColumn("state", state).drop("query_writer", "query_ts", "writer_ts", "registry_status",
-                                                  "registry_token", "memory_horizon_ts")
+                                                  "registry_token", "memory_horizon_ts", "query_fed_ts")
 
 
 def _find(beyond: DataFrame, event_store: EventStore, stats: JoinStats) -> DataFrame:

@@ -36,7 +36,22 @@ LOOKUP_FIELDS = [
     T.StructField("line", T.StringType()),
     # The memory tier's horizon when the task had looked its clicks up (resources/recent_queries.py).
     T.StructField("memory_horizon_ts", T.LongType()),
+    # Once a query tailer feeds the memory tier: the newest time of the query's writer it had put
+    # before the lookup (-1: none of that writer yet); null while query runs feed it.
+    T.StructField("query_fed_ts", T.LongType()),
 ]
+
+
+def fed_times(query_ids: pa.Array, tail: dict | None) -> pa.Array:
+    """Per query id, the newest query time of its writer (`<server_ip>:<process_id>`, the id's
+    prefix) the tailer had put (`tail_state`'s "writers"), -1 for a writer it has not seen; all null
+    when no tailer feeds the memory tier (tail None)."""
+    if tail is None:
+        return pa.nulls(len(query_ids), pa.int64())
+    writers = pc.struct_field(pc.extract_regex(query_ids, r"^(?P<writer>.*):[0-9]+$"), "writer")
+    names = pa.array(list(tail["writers"]), pa.string())
+    times = pa.array(list(tail["writers"].values()), pa.int64())
+    return pc.fill_null(pc.take(times, pc.index_in(writers, value_set=names)), -1)
 
 
 def with_columns_of(table: pa.Table, other: pa.Table, key: str) -> pa.Table:
@@ -109,15 +124,22 @@ def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, 
     def lookup(registry: IdRegistry, table: pa.Table) -> pa.Table:
         registered = registry.lookup(table.select(["click_id", "timestamp_us"])).select(["click_id", "token", "status"])
         registered = registered.rename_columns(["click_id", "registry_token", "registry_status"])
+        # Read before the lines: whatever the tailer had put by then is among them.
+        tail = registry.tail_state(dc)
         lines = read_located(registry.recall_queries(dc, table.select(["query_id"])), query_dir, max_line_bytes)
         lines = lines.select(["query_id", "timestamp_us", "line"])
         lines = lines.rename_columns(["query_id", "query_timestamp_us", "line"])
         # Read after the lines: an eviction meanwhile only raises it, so a miss it vouches for is one.
         horizon = registry.queries_horizon(dc)
         looked = with_columns_of(with_columns_of(table, registered, "click_id"), lines, "query_id")
-        return looked.append_column("memory_horizon_ts", pa.array([horizon] * looked.num_rows, pa.int64()))
+        looked = looked.append_column("memory_horizon_ts", pa.array([horizon] * looked.num_rows, pa.int64()))
+        return looked.append_column("query_fed_ts", fed_times(looked.column("query_id").combine_chunks(), tail))
 
     return _call(spark, registry, clicks, lookup, schema, staging, materialized=False)
+
+
+def _held_by_the_tailer(lines: pa.Table) -> None:
+    """A parse task's text sink when the query tailer already put these lines."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,9 @@ class QueryPut:
     latest_valid_ts: int  # queries whose ids name a later time are from the future: held apart
     retention_seconds: float
     budget_bytes: int
+    # A query tailer feeds `dc`'s memory tier (photon/query_tail.py): the run puts nothing, and its
+    # parse tasks still drop the lines' text from what they stage.
+    tailed: bool = False
 
     def _args(self) -> tuple:
         return (self.dc, self.unit, self.attempt)
@@ -141,6 +166,8 @@ class QueryPut:
     def in_executors(self) -> Callable[[pa.Table], None] | None:
         """The function a parse task gives its valid lines (spark_ops/parse.py: text_sink); None if
         the registry lives in the driver's process only."""
+        if self.tailed:
+            return _held_by_the_tailer
         remote = self.registry.for_executors()
         if remote is None:
             return None
@@ -157,6 +184,8 @@ class QueryPut:
 
     def from_driver(self, lines: pa.Table) -> None:
         """All the unit's valid lines (query_id, timestamp_us, line), as one piece."""
+        if self.tailed:
+            return
         self.registry.remember_queries(*self._args(), 0, lines, self.ingested_before_ts, self.latest_valid_ts,
                                        self.retention_seconds, self.budget_bytes)
 

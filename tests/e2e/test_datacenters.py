@@ -288,3 +288,54 @@ def test_a_work_unit_failed_for_good_then_an_output_file_lost_are_each_recovered
     assert recovery["without_source"] == 0
     assert_matches_ground_truth(final, truth)
     assert_exactly_once(tmp_path, truth)
+
+
+def tailer_pids(data_dir: Path) -> set[int]:
+    """The query tailers (photon/query_tail.py) serving `data_dir`, by their command lines."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"event-store" in command and b"tail" in command and str(data_dir).encode() in command:
+            found.add(int(cmdline.parent.name))
+    return found
+
+
+def test_the_query_tailer_killed_mid_stream_is_restarted_and_every_click_joins_once(tmp_path):
+    """kill -9 of the query tailer while `photon gen --follow` writes and `photon run` tails: photon run
+    starts another, which goes on from the offsets the registry service holds; every joinable click
+    is joined once."""
+    writer = subprocess.Popen([*PHOTON, "gen", "--data-dir", str(tmp_path), "--follow", "--rate", "40",
+                               "--duration-s", "25", "--seed", "17"], cwd=REPO_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pipeline = None
+    try:
+        while not (tmp_path / "logs" / "dc1" / "query").is_dir():
+            assert writer.poll() is None, writer.stderr.read()
+            time.sleep(0.1)
+        pipeline = start_run(tmp_path, "--min-seconds", "45")
+        mirror = tmp_path / "state" / "streams" / "dc1" / "query_tail.json"
+        deadline = time.monotonic() + 120
+        while not (mirror.exists() and json.loads(mirror.read_text())["part"] >= 3 and tailer_pids(tmp_path)):
+            assert pipeline.poll() is None and time.monotonic() < deadline, "the query tailer did not start"
+            time.sleep(0.2)
+        killed = tailer_pids(tmp_path)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        while not tailer_pids(tmp_path) - killed:
+            assert pipeline.poll() is None and time.monotonic() < deadline, "the query tailer was not restarted"
+            time.sleep(0.2)
+        assert writer.wait(timeout=120) == 0
+        out, err = pipeline.communicate(timeout=900)
+        assert pipeline.returncode == 0, err[-3000:]
+    finally:
+        for process in (writer, pipeline):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert "the query tailer of dc1 exited with status -9; restarting it" in err
+    truth = json.loads((tmp_path / "gen_summary.json").read_text())
+    assert_matches_ground_truth(json.loads(out.strip().splitlines()[-1]), truth)
+    assert_exactly_once(tmp_path, truth)
+    assert tailer_pids(tmp_path) == set()  # stopped with photon run

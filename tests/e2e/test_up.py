@@ -114,6 +114,13 @@ def component_pid(up: subprocess.Popen, name: str) -> int:
     raise AssertionError(f"no {name} process under photon up")
 
 
+def component_pid_or_none(up: subprocess.Popen, name: str) -> int | None:
+    try:
+        return component_pid(up, name)
+    except AssertionError:
+        return None
+
+
 def killed_component_stops_up(up: subprocess.Popen, name: str, marker: str) -> None:
     running = descendants(up.pid)
     os.kill(component_pid(up, marker), signal.SIGKILL)
@@ -127,7 +134,8 @@ def test_photon_up_loses_nothing_to_killed_runs_and_components_then_stops_everyt
     Connect server in the middle of runs (photon up stops with a one-line error and is started
     again), and of photon up itself (the next photon up ends what it left running, and refuses a
     second photon up). That last one drives the workload to idle and stops on SIGTERM, leaving no
-    process: the output is exactly the expected clicks. The other components are watched by the
+    process: the output is exactly the expected clicks. Its query tailer killed is restarted (the
+    memory tier's offsets are the registry service's). The other components are watched by the
     same loop (photon/up.py: every component through runner.stop_if_exited), so killing each of them
     would repeat this; the registry service killed mid-run and restarted is
     tests/e2e/test_datacenters.py's."""
@@ -171,9 +179,17 @@ def test_photon_up_loses_nothing_to_killed_runs_and_components_then_stops_everyt
         assert second.returncode == 1
         assert second.stderr.strip() == f"photon: error: photon up is already running on {tmp_path} (pid {up.pid})"
 
+        # The query tailer killed: photon up starts another, which goes on where the registry says.
+        tailer = component_pid(up, "event-store tail")
+        os.kill(tailer, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while component_pid_or_none(up, "event-store tail") in (None, tailer):
+            assert time.monotonic() < deadline and up.poll() is None, "the query tailer was not restarted"
+            time.sleep(0.2)
+
         wait_for_output(tmp_path, truth, up)
         running = descendants(up.pid)
-        assert len(running) >= 4  # registry, Spark Connect, daemon, webserver (and their children)
+        assert len(running) >= 5  # registry, query tailer, Spark Connect, daemon, webserver (and children)
     finally:
         stop_started = time.monotonic()
         if up.poll() is None:

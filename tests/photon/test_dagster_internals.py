@@ -66,3 +66,16 @@ def test_every_sensor_due_at_the_pace_ticks_in_each_pass(tmp_path, monkeypatch):
             time.sleep(max(0.0, 1.05 - (time.monotonic() - started)))
     ticks = {s.name: len(instance.get_ticks(s.get_remote_origin_id(), s.selector_id)) for s in sensors}
     assert ticks == {s.name: 2 for s in sensors}
+
+
+def test_a_runs_log_manager_reconfigures_logging_only_through_the_method_runs_on_several_threads_replaces():
+    from dagster._core.instance.methods.event_methods import EventMethods
+
+    from photon.dagster_internals import runs_on_several_threads
+
+    source = inspect.getsource(EventMethods.get_yaml_python_handlers)
+    if getattr(EventMethods.get_yaml_python_handlers, "photon_patched", False):
+        source = inspect.getsource(EventMethods.get_yaml_python_handlers.__closure__[0].cell_contents)
+    assert "dictConfig(" in source and "get_python_log_dagster_handler_config()" in source
+    runs_on_several_threads()
+    assert EventMethods.get_yaml_python_handlers.photon_patched

@@ -1,4 +1,5 @@
 import json
+import time
 
 import dagster as dg
 import pytest
@@ -9,10 +10,17 @@ from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_
 from resources.layout import DataLayout
 from resources.registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
-from resources.stream_state import EventTimeWatermark, PendingDigest, QueryProgress, WriterProgress, pending_retry_decision
+from resources.stream_state import (
+    EventTimeWatermark,
+    PendingDigest,
+    QueryProgress,
+    QueryTail,
+    WriterProgress,
+    pending_retry_decision,
+)
 from resources.ownership import preferred_dc
 from resources.work_unit_log import WorkUnit, WorkUnitLog
-from sensors.dispatcher import log_dispatcher, pending_dispatcher
+from sensors.dispatcher import log_dispatcher, pending_dispatcher, pending_retry
 from sensors.retries import plan_retries
 from tests.conftest import click, query, write_lines
 
@@ -278,6 +286,70 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_watermark_while_query_d
     evaluate(log_dispatcher("dc1", "query", str(tmp_path)), instance)
     unheld = evaluate(sensor, instance, cursor=released.cursor, **knobs)
     assert [r.run_key for r in unheld.run_requests] == ["dc1.click.00000003"]
+
+
+def test_with_a_query_tailer_pacing_goes_by_its_watermark_and_holds_only_while_it_has_lines_to_read(
+        tmp_path, instance):
+    """A fresh query tail mirror (photon/query_tail.py) replaces the query runs' watermark and their
+    waiting query data: click lines wait only for lines the tailer has not read yet."""
+    layout = DataLayout(tmp_path)
+    second = 1_000_000
+    click_file = layout.stream_dir("dc1", "click") / "w" / "0.jsonl"
+    write_lines(click_file, [click(f"10.3.0.1:1:{t}", "10.1.0.1:7:1", t * second) for t in (50, 900)])
+    first_end = len(click_file.read_bytes().splitlines(keepends=True)[0])
+    query_file = layout.stream_dir("dc1", "query") / "w" / "0.jsonl"
+    write_lines(query_file, [query("10.1.0.1:7:1", 1)])
+    EventTimeWatermark.add_pass(layout.watermark_file("dc1", "query_tail"), "tail.1", 21, [100 * second] * 21, 21,
+                                percentile=5, windows=4, max_passes=64)
+    sensor = log_dispatcher("dc1", "click", str(tmp_path))
+    knobs = {"pacing_max_hold_seconds": 3600, "pacing_margin_seconds": 0}
+
+    def ranges(result):
+        return [(r["start"], r["end"]) for req in result.run_requests
+                for r in req.run_config["ops"]["join_clicks"]["config"]["ranges"]]
+
+    # The tailer has a query line left to read: the click at 900 s, past its watermark, waits.
+    QueryTail(offsets={}, part=1, updated_at=time.time()).save(layout.query_tail_file("dc1"))
+    held = evaluate(sensor, instance, **knobs)
+    assert ranges(held) == [(0, first_end)]
+    # It has read every line: nothing could move its watermark, nothing waits (no query run needed).
+    QueryTail(offsets={"w/0.jsonl": query_file.stat().st_size}, part=2, updated_at=time.time()).save(
+        layout.query_tail_file("dc1"))
+    assert ranges(evaluate(sensor, instance, cursor=held.cursor, **knobs)) == [(first_end, click_file.stat().st_size)]
+
+
+def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_its_own_cadence(tmp_path, instance):
+    layout = DataLayout(tmp_path)
+    query_file = layout.stream_dir("dc1", "query") / "w" / "0.jsonl"
+    write_lines(query_file, [query("10.1.0.1:7:1", 1)])
+    QueryTail(offsets={}, part=1, updated_at=time.time()).save(layout.query_tail_file("dc1"))
+    sensor = log_dispatcher("dc1", "query", str(tmp_path))
+    first = evaluate(sensor, instance)
+    assert [r.run_key for r in first.run_requests] == ["dc1.query.00000000"]
+    write_lines(query_file, [query("10.1.0.1:7:2", 2)])
+    deferred = evaluate(sensor, instance, cursor=first.cursor)
+    assert deferred.run_requests == [] and json.loads(deferred.cursor)["deferred"]
+    assert "every 10 s" in deferred.skip_reason.skip_message
+    # Its cadence passed: the lines are cut.
+    due = json.dumps({**json.loads(deferred.cursor), "cut_at": time.time() - 11})
+    assert [r.run_key for r in evaluate(sensor, instance, cursor=due).run_requests] == ["dc1.query.00000001"]
+    # A stale mirror is a tailer that is not running: every new line is cut at once, as without one.
+    write_lines(query_file, [query("10.1.0.1:7:3", 3)])
+    QueryTail(offsets={}, part=1, updated_at=time.time() - 60).save(layout.query_tail_file("dc1"))
+    cursor = evaluate(sensor, instance, cursor=due).cursor
+    write_lines(query_file, [query("10.1.0.1:7:4", 4)])
+    assert [r.run_key for r in evaluate(sensor, instance, cursor=cursor).run_requests] == ["dc1.query.00000003"]
+
+
+def test_pending_retries_go_by_the_tailed_writers_times_while_the_tailer_runs(tmp_path):
+    layout = DataLayout(tmp_path)
+    PendingDigest(pending=1, needs={"10.1.0.1:7": [500, 0]}, oldest_ts=400).save(layout.pending_digest_file("dc1"))
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"10.1.0.1:7": (100, 200)})
+    QueryProgress.merge(layout.query_tail_progress_file("dc1"), {"10.1.0.1:7": (100, 600)})
+    settings = PipelineSettings()
+    assert not pending_retry(layout, "dc1", settings).ready  # no fresh mirror: the query runs' progress alone
+    QueryTail(part=1, updated_at=time.time()).save(layout.query_tail_file("dc1"))
+    assert pending_retry(layout, "dc1", settings).ready
 
 
 @pytest.fixture

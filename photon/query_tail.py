@@ -1,0 +1,197 @@
+"""The query tailer: the EventStore's memory tier fed from the query logs as bytes land (Photon
+§3.4.1-3.4.2: the joiner never waits for a batch of queries).
+
+One long-lived process per datacenter (`photon event-store tail`), started and watched by `photon run`
+and `photon up` beside the registry service, which holds the memory tier. Every `poll_seconds` it
+reads the complete query lines appended since it last read, parses them with the query runs' own
+parser (spark_ops/parse.py: `parse_chunks`, so a line it holds is one the query runs accept; bad
+lines are left to the query runs' quarantine) and puts the valid ones into the memory tier in one
+call that also records, in the registry service, where it read each file to and each writer's newest
+query time (resources/recent_queries.py: `put_tailed`). A click run's lookup vouches for a miss by
+those writer times, so clicks never wait for a query run: query runs still build the durable tier
+(`query_logs`, `log_file_map`) at their own cadence, off the click path.
+
+Restarted after a crash, it goes on from the offsets the registry service holds; a registry service
+that restarted holds none, and the tailer reads the logs again from their first byte (the memory
+tier keeps lines of `query_memory_seconds` and locates older queries at ~60 bytes each). It mirrors
+its progress into the data directory for the dispatchers (resources/stream_state.py: `QueryTail`,
+the writers' times as `QueryProgress`, and an event-time watermark), which pace the click lines by it
+while it is fresh. Correctness never depends on it: a click whose query it has not put stays pending
+(or is looked up in the durable and logs tiers), and the registry decides every click.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from resources.layout import DataLayout
+from resources.registry_api import IdRegistry
+from resources.stream_state import EventTimeWatermark, QueryProgress, QueryTail
+from resources.watermark import SKETCH_FRACTIONS
+from resources.work_unit_log import new_ranges
+from spark_ops.parse import CHUNK_FIELDS, TEXT_FIELDS, parse_chunks
+from spark_ops.schemas import PARSED, arrow_schema
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.5
+# Lines parsed per put at most: a backlog is fed in pieces of this size, each recorded with its offsets.
+PUT_BYTES = 16 << 20
+PARSED_QUERY = arrow_schema(PARSED["query"])
+TEXT_SCHEMA = pa.schema([PARSED_QUERY.field(name) for name in TEXT_FIELDS])
+
+
+@dataclass(frozen=True)
+class TailSettings:
+    """The pipeline settings (resources/settings.py) a tailer goes by, handed to its process as JSON:
+    the tailer imports neither Dagster nor the settings resource (~100 MB less in a process per
+    datacenter)."""
+
+    max_line_bytes: int
+    future_tolerance_seconds: float
+    query_memory_seconds: float
+    query_memory_bytes: int
+    watermark_percentile: float
+    watermark_windows: int
+    watermark_max_passes: int
+
+    @classmethod
+    def of(cls, settings) -> "TailSettings":
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+@dataclass
+class Poll:
+    bytes_read: int = 0
+    lines_put: int = 0
+    seconds: float = 0.0
+
+
+class QueryTailer:
+    """Feeds `dc`'s memory tier in the registry service from `dc`'s query logs (see the module
+    docstring). Not thread-safe: one loop calls `poll`."""
+
+    def __init__(self, layout: DataLayout, dc: str, registry: IdRegistry, settings: TailSettings):
+        self.layout, self.dc, self.registry, self.settings = layout, dc, registry, settings
+        self.stream_dir = layout.stream_dir(dc, "query")
+        state = registry.tail_state(dc)
+        if state is None:
+            # A registry service that holds nothing of this datacenter: start over, and so do the
+            # mirrors, which would otherwise claim what the new memory tier does not hold.
+            for path in (layout.query_tail_file(dc), layout.query_tail_progress_file(dc),
+                         layout.watermark_file(dc, "query_tail")):
+                path.unlink(missing_ok=True)
+            state = {"part": 0, "offsets": {}, "writers": {}}
+        self.part, self.offsets, self.writers = state["part"], dict(state["offsets"]), dict(state["writers"])
+
+    def poll(self) -> Poll:
+        """Reads and puts what was appended since the last poll (up to PUT_BYTES a put); returns
+        what it did."""
+        started = time.monotonic()
+        done = Poll()
+        while True:
+            ranges = self._next_ranges()
+            if not ranges:
+                break
+            done.bytes_read += sum(end - start for _, start, end in ranges)
+            done.lines_put += self._put(ranges)
+        self._mirror()
+        done.seconds = time.monotonic() - started
+        return done
+
+    def _next_ranges(self) -> list[tuple[str, int, int]]:
+        ranges, budget = [], PUT_BYTES
+        for file, start, end in new_ranges(self.stream_dir, self.offsets):
+            if budget <= 0:
+                break
+            # A range cut within the budget ends at a line's end: the parse of its last chunk reads
+            # the line that starts before the cut whole, and the next range starts after it.
+            ranges.append((file, start, end if end - start <= budget else self._line_end(file, start + budget, end)))
+            budget -= ranges[-1][2] - start
+        return ranges
+
+    def _line_end(self, file: str, at: int, end: int) -> int:
+        with open(self.stream_dir / file, "rb") as f:
+            f.seek(at)
+            rest = f.readline(self.settings.max_line_bytes + 1)
+        return min(end, at + len(rest)) if rest.endswith(b"\n") else end
+
+    def _parse(self, ranges: list[tuple[str, int, int]]) -> tuple[pa.Table, pa.Table]:
+        """The valid lines (TEXT_FIELDS) and every parsed row's writer fields, by the query runs' parser."""
+        chunks = pa.table({
+            "path": [str(self.stream_dir / f) for f, _, _ in ranges], "file": [f for f, _, _ in ranges],
+            "range_end": [e for _, _, e in ranges], "chunk_start": [s for _, s, _ in ranges],
+            "chunk_end": [e for _, _, e in ranges], "owns_first_line": [True] * len(ranges),
+        }, schema=arrow_schema(CHUNK_FIELDS))
+        texts: list[pa.Table] = []
+        parse = parse_chunks("query", self.settings.max_line_bytes, PARSED_QUERY, texts.append)
+        rows = list(parse(iter(chunks.to_batches())))
+        valid = pa.concat_tables(texts) if texts else TEXT_SCHEMA.empty_table()
+        parsed = pa.Table.from_batches(rows, PARSED_QUERY) if rows else PARSED_QUERY.empty_table()
+        return valid, parsed.filter(pc.is_null(parsed["reason"])).select(["server_ip", "process_id", "timestamp_us"])
+
+    def _put(self, ranges: list[tuple[str, int, int]]) -> int:
+        valid, events = self._parse(ranges)
+        latest_valid = time.time_ns() // 1000 + int(self.settings.future_tolerance_seconds * 1e6)
+        # A query from the future is held but moves no writer's time (spark_ops/validity.py).
+        in_time = events.filter(pc.less_equal(events["timestamp_us"], latest_valid))
+        spans = self._writer_spans(in_time)
+        writers = dict(self.writers)
+        for name, (_, high) in spans.items():
+            writers[name] = max(writers.get(name, high), high)
+        offsets = {**self.offsets, **{file: end for file, _, end in ranges}}
+        self.part += 1
+        self.registry.remember_tailed(self.dc, valid, {
+            "part": self.part, "offsets": offsets, "writers": writers, "latest_valid_ts": latest_valid,
+            "retention_seconds": self.settings.query_memory_seconds, "budget_bytes": self.settings.query_memory_bytes})
+        self.offsets, self.writers = offsets, writers
+        # Mirrors, for the dispatchers only: written after the put, so they never claim more.
+        QueryProgress.merge(self.layout.query_tail_progress_file(self.dc), spans)
+        times = in_time["timestamp_us"].to_numpy()
+        if len(times):
+            mark = EventTimeWatermark.load(self.layout.watermark_file(self.dc, "query_tail")).watermark_us
+            EventTimeWatermark.add_pass(
+                self.layout.watermark_file(self.dc, "query_tail"), f"tail.{self.part}", len(times),
+                [int(v) for v in np.quantile(times, SKETCH_FRACTIONS, method="lower")],
+                int(len(times) if mark is None else (times >= mark).sum()),
+                self.settings.watermark_percentile, self.settings.watermark_windows, self.settings.watermark_max_passes)
+        return valid.num_rows
+
+    @staticmethod
+    def _writer_spans(events: pa.Table) -> dict[str, tuple[int, int]]:
+        if not events.num_rows:
+            return {}
+        spans = events.group_by(["server_ip", "process_id"]).aggregate([("timestamp_us", "min"), ("timestamp_us", "max")])
+        return {f"{ip}:{pid}": (low, high) for ip, pid, low, high in zip(*[
+            spans[c].to_pylist() for c in ("server_ip", "process_id", "timestamp_us_min", "timestamp_us_max")])}
+
+    def _mirror(self) -> None:
+        QueryTail(offsets=self.offsets, part=self.part, updated_at=time.time()).save(self.layout.query_tail_file(self.dc))
+
+
+def tail_forever(layout: DataLayout, dc: str, registry: IdRegistry, settings: TailSettings,
+                 poll_seconds: float = POLL_SECONDS, stop: threading.Event | None = None) -> None:
+    """Polls until `stop` is set (or SIGTERM / SIGINT, in the main thread)."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    tailer = QueryTailer(layout, dc, registry, settings)
+    log.info("tailing %s from part %d (%d file(s) read before)", tailer.stream_dir, tailer.part, len(tailer.offsets))
+    while not stop.is_set():
+        done = tailer.poll()
+        if done.bytes_read:
+            log.debug("put %d query lines (%d bytes) in %.2f s", done.lines_put, done.bytes_read, done.seconds)
+        stop.wait(max(0.0, poll_seconds - done.seconds))

@@ -1,0 +1,31 @@
+"""A body run over and over on a thread of its own while a block runs: the lease renewal of
+`photon run` / `photon up` (resources/work_claims.py) and `photon run`'s passes of the sensors off the
+click path (photon/runner.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable
+
+
+@contextmanager
+def repeated(body: Callable[[], None], every_seconds: float, name: str):
+    """Runs `body` on a daemon thread, its starts at least `every_seconds` apart, until the block
+    ends; then waits for the body under way to return. The body handles its own errors."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            body()
+            stop.wait(max(0.0, every_seconds - (time.monotonic() - started)))
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

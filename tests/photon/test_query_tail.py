@@ -1,0 +1,123 @@
+"""The query tailer (photon/query_tail.py) against a real registry engine: it holds every valid query
+line of the logs and no bad one, records where it read to with each put, resumes there after a
+restart, starts over on a registry that holds nothing, and mirrors its progress for the dispatchers.
+The lookup's fed times (spark_ops/registry_calls.py: fed_times) are what a click run vouches by."""
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from photon import gen
+from photon.query_tail import QueryTailer, TailSettings
+from resources.layout import DataLayout
+from resources.registry_shards import ShardedIdRegistry
+from resources.settings import PipelineSettings
+from resources.stream_state import EventTimeWatermark, QueryProgress, QueryTail
+from resources.work_unit_log import new_ranges
+from spark_ops.registry_calls import fed_times
+
+SETTINGS = TailSettings.of(PipelineSettings())
+
+
+@pytest.fixture
+def workload(tmp_path):
+    data = tmp_path / "data"
+    gen.generate(data, gen.GenConfig(queries=400, seed=5, bad_lines=4))
+    return DataLayout(data)
+
+
+@pytest.fixture
+def registry(tmp_path):
+    engine = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
+    yield engine
+    engine.close()
+
+
+def valid_query_ids(layout: DataLayout) -> set[str]:
+    """The query ids of the complete, well-formed lines the generator wrote (its torn last lines and
+    bad lines excluded), read independently of the tailer's parser."""
+    ids = set()
+    for path in layout.stream_dir("dc1", "query").rglob("*.jsonl"):
+        for raw in path.read_bytes().split(b"\n")[:-1]:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and isinstance(event.get("query_id"), str) and \
+                    isinstance(event.get("timestamp_us"), int) and isinstance(event.get("ads"), list) and \
+                    isinstance(event.get("query_text"), str):
+                ids.add(event["query_id"])
+    return ids
+
+
+def held(registry, ids) -> set[str]:
+    return set(registry.recall_queries("dc1", pa.table({"query_id": sorted(ids)}))["query_id"].to_pylist())
+
+
+def test_a_poll_holds_every_valid_query_line_and_records_where_it_read_to(workload, registry):
+    tailer = QueryTailer(workload, "dc1", registry, SETTINGS)
+    done = tailer.poll()
+    expected = valid_query_ids(workload)
+    assert done.lines_put >= len(expected) > 300
+    assert held(registry, expected) == expected
+    state = registry.tail_state("dc1")
+    # Every complete line read, nothing beyond: no range is left between the offsets and the logs' ends.
+    assert new_ranges(workload.stream_dir("dc1", "query"), state["offsets"]) == []
+    assert state["part"] == tailer.part >= 1
+    times = {}
+    for query_id in expected:
+        writer, ts = query_id.rsplit(":", 1)
+        times[writer] = max(times.get(writer, 0), int(ts))
+    assert state["writers"] == times
+    # The mirrors the dispatchers read.
+    mirror = QueryTail.load(workload.query_tail_file("dc1"))
+    assert mirror.fresh() and mirror.offsets == state["offsets"]
+    assert {w: p.max_ts for w, p in QueryProgress.load(workload.query_tail_progress_file("dc1")).writers.items()} == times
+    assert EventTimeWatermark.load(workload.watermark_file("dc1", "query_tail")).watermark_us is not None
+
+
+def test_a_restarted_tailer_resumes_where_the_registry_says_and_reads_only_new_lines(workload, registry):
+    first = QueryTailer(workload, "dc1", registry, SETTINGS)
+    first.poll()
+    before = registry.stats()["recent_queries"]["dc1"]["rows"]
+    again = QueryTailer(workload, "dc1", registry, SETTINGS)
+    assert (again.part, again.offsets) == (first.part, first.offsets)
+    assert again.poll().bytes_read == 0
+    path = next(workload.stream_dir("dc1", "query").rglob("*.jsonl"))
+    writer = "10.9.9.9:4242"
+    line = {"query_id": f"{writer}:1763700000000000", "timestamp_us": 1763700000000000, "query_text": "q",
+            "ads": [{"ad_id": "a", "advertiser_id": "b", "position": 1, "bid_micros": 5}]}
+    with open(path, "ab") as f:
+        f.write(json.dumps(line).encode() + b"\n" + b'{"query_id": "torn')
+    done = again.poll()
+    assert done.lines_put == 1
+    assert registry.stats()["recent_queries"]["dc1"]["rows"] == before + 1
+    assert registry.tail_state("dc1")["writers"][writer] == 1763700000000000
+
+
+def test_a_registry_that_holds_nothing_makes_the_tailer_start_over(workload, registry, tmp_path):
+    QueryTailer(workload, "dc1", registry, SETTINGS).poll()
+    fresh = ShardedIdRegistry(tmp_path / "registry2", gc_interval_seconds=None)
+    try:
+        tailer = QueryTailer(workload, "dc1", fresh, SETTINGS)
+        assert (tailer.part, tailer.offsets) == (0, {})
+        assert not workload.query_tail_file("dc1").exists()
+        tailer.poll()
+        assert held(fresh, valid_query_ids(workload)) == valid_query_ids(workload)
+    finally:
+        fresh.close()
+
+
+def test_a_put_larger_than_its_budget_is_cut_at_line_ends(workload, registry, monkeypatch):
+    monkeypatch.setattr("photon.query_tail.PUT_BYTES", 10_000)
+    tailer = QueryTailer(workload, "dc1", registry, SETTINGS)
+    tailer.poll()
+    assert tailer.part > 5
+    assert held(registry, valid_query_ids(workload)) == valid_query_ids(workload)
+
+
+def test_fed_times_name_each_querys_writer_time_and_minus_one_for_a_writer_not_seen():
+    ids = pa.array(["10.0.0.1:7:100", "10.0.0.2:8:5", "bad"])
+    assert fed_times(ids, None).to_pylist() == [None, None, None]
+    assert fed_times(ids, {"writers": {"10.0.0.1:7": 90}}).to_pylist() == [90, -1, -1]
