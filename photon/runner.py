@@ -71,6 +71,14 @@ DAGSTER_YAML = """\
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30
+# Under `photon up`, each run is a fork of one warm process that imported Dagster, the code location and
+# the Spark Connect client once (photon/run_server.py); without that server (`dagster dev`), Dagster's
+# default way: a new process per run.
+run_launcher:
+  module: photon.run_server
+  class: ForkServerRunLauncher
+  config:
+    socket_path: {run_server_socket}
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
@@ -97,6 +105,11 @@ telemetry:
 nux:
   enabled: false
 """
+
+def run_server_socket(layout: DataLayout) -> Path:
+    """Where `photon up`'s run server (photon/run_server.py) listens."""
+    return layout.root / "state" / "up" / "run_server.sock"
+
 
 class RunnerError(RuntimeError):
     """A condition that stops `photon run` with a one-line message."""
@@ -125,11 +138,12 @@ def prepare_environment(layout: DataLayout, datacenters: list[str], run_log_leve
     os.environ["DAGSTER_HOME"] = str(layout.dagster_home)
     layout.dagster_home.mkdir(parents=True, exist_ok=True)
     yaml = layout.dagster_home / "dagster.yaml"
-    if not yaml.exists():
+    text = DAGSTER_YAML.format(run_server_socket=json.dumps(str(run_server_socket(layout))))
+    if not yaml.exists() or yaml.read_text() != text:
         # Renamed into place whole: another datacenter's `photon run` starting at the same moment
         # must never load a half-written file.
         partial = yaml.with_name(f".dagster.yaml.{os.getpid()}")
-        partial.write_text(DAGSTER_YAML)
+        partial.write_text(text)
         partial.replace(yaml)
 
 

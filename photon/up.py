@@ -8,8 +8,11 @@ Components, each a process (group) of its own, each logging to `<data-dir>/state
   it resumes where the registry service says it was (`<data-dir>/state/query_tail_<dc>.log`);
 - a Spark Connect server with Delta (resources/spark_connect.py): the long-lived Spark every run
   uses, so a run in a process of its own connects in ~0.3 s instead of starting a JVM;
+- a run server (photon/run_server.py): one warm process that imported Dagster, the code location and
+  the Spark Connect client, forking a child per run (`ForkServerRunLauncher`, named by the instance's
+  `dagster.yaml`): a run reaches its first Spark job without a new interpreter's imports;
 - `dagster-daemon`, with the dispatchers running (they are stopped by default elsewhere), launching
-  each run in a process of its own (Dagster's default run launcher);
+  each run through the run server;
 - `dagster-webserver`, the UI.
 
 A component that exits (but a query tailer) stops the whole deployment with a one-line error naming it and its log
@@ -39,7 +42,7 @@ import dagster as dg
 
 from photon.runner import (
     RunnerError, die_with_parent, exclusive, fail_orphaned_runs, headless_instance, prepare_environment,
-    datacenter_leases, query_tailers, registry_log, registry_service, stop_if_exited,
+    datacenter_leases, query_tailers, registry_log, registry_service, run_server_socket, stop_if_exited,
 )
 from photon.run_processes import process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC
@@ -125,6 +128,19 @@ def wait_for_webserver(url: str, webserver: Component) -> None:
     raise RunnerError(f"dagster-webserver did not serve within {WEBSERVER_START_SECONDS:.0f} s; see {webserver.log}")
 
 
+RUN_SERVER_START_SECONDS = 60.0
+
+
+def wait_for_run_server(socket_path: Path, run_server: Component) -> None:
+    deadline = time.monotonic() + RUN_SERVER_START_SECONDS
+    while not socket_path.exists():
+        stop_if_exited(run_server.name, run_server.process, run_server.log)
+        if time.monotonic() > deadline:
+            raise RunnerError(f"the run server did not listen within {RUN_SERVER_START_SECONDS:.0f} s; "
+                              f"see {run_server.log}")
+        time.sleep(0.1)
+
+
 def fail_dead_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> list[str]:
     """Started runs of these datacenters, or of none (the freshness check's, the aggregates refresh,
     table maintenance), whose process is gone (killed: Dagster's default run launcher has no health
@@ -178,12 +194,17 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             env = {**os.environ, SPARK_REMOTE_ENV: remote, SENSORS_RUNNING_ENV: "1"}
             workspace = str(REPO_ROOT / "workspace.yaml")
             bin_dir = Path(sys.executable).parent
-            # Stopped first: the daemon (no new runs), with its runs; then the UI, Spark.
+            # Runs are forks of the run server (photon/run_server.py), in its process group: stopped
+            # right after the daemon (no new runs), before the UI and Spark.
+            socket_path = run_server_socket(layout)
+            run_server = start("run-server", [sys.executable, "-m", "photon.run_server", str(socket_path)], layout, env)
+            components.insert(0, run_server)
+            wait_for_run_server(socket_path, run_server)
             components.insert(0, start("dagster-daemon", [str(bin_dir / "dagster-daemon"), "run", "-w", workspace],
                                        layout, env))
             webserver = start("dagster-webserver", [str(bin_dir / "dagster-webserver"), "-w", workspace,
                                                     "-h", "127.0.0.1", "-p", str(port)], layout, env)
-            components.insert(1, webserver)
+            components.insert(2, webserver)  # after the daemon and the run server (with its runs)
             url = f"http://127.0.0.1:{port}"
             wait_for_webserver(url, webserver)
             ready(f"photon up: {url} (data {layout.root}; logs {up_dir(layout)}); Ctrl-C stops", flush=True)

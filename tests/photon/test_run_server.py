@@ -1,0 +1,40 @@
+"""The run launcher `photon up`'s instance names (photon/run_server.py): loaded from the data
+directory's dagster.yaml with the run server's socket, and the health check run monitoring asks it
+for. A run forked by the real server is tests/e2e/test_up.py's (its runs, killed and retried)."""
+
+import os
+import subprocess
+import sys
+
+import dagster as dg
+from dagster._core.events import EngineEventData
+from dagster._core.launcher import WorkerStatus
+
+from photon.dagster_internals import instance_at
+from photon.run_server import ForkServerRunLauncher
+from photon.runner import prepare_environment, run_server_socket
+from resources.layout import DataLayout
+
+
+def test_the_data_directorys_instance_launches_runs_through_the_run_server(tmp_path, monkeypatch):
+    layout = DataLayout(tmp_path)
+    for name in ("DAGSTER_HOME", "PHOTON_DATA_DIR", "PHOTON_DATACENTERS", "PHOTON_RUN_LOG_LEVEL"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    prepare_environment(layout, ["dc1"], "INFO")
+    launcher = instance_at(layout.dagster_home).run_launcher
+    assert isinstance(launcher, ForkServerRunLauncher)
+    assert launcher.socket_path == str(run_server_socket(layout))
+    assert launcher.supports_check_run_worker_health
+
+
+def test_a_run_whose_process_is_gone_is_reported_failed_to_run_monitoring(tmp_path):
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        launcher = ForkServerRunLauncher(str(tmp_path / "none.sock"))
+        launcher.register_instance(instance)
+        run = instance.create_run_for_job(dg.GraphDefinition("g").to_job())
+        assert launcher.check_run_worker_health(run).status == WorkerStatus.UNKNOWN
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        instance.report_engine_event("Started process for run", run,
+                                     engine_event_data=EngineEventData({"pid": str(child.pid)}))
+        child.wait()
+        assert launcher.check_run_worker_health(run).status == WorkerStatus.FAILED
