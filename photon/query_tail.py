@@ -107,7 +107,9 @@ class QueryTailer:
                 break
             done.bytes_read += sum(end - start for _, start, end in ranges)
             done.lines_put += self._put(ranges)
-        self._mirror()
+            self._mirror()  # after each put: a backlog's pacing follows it put by put
+        if not done.bytes_read:
+            self._mirror()  # fresh: a tailer with nothing to read is still feeding
         done.seconds = time.monotonic() - started
         return done
 
