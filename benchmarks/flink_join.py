@@ -151,11 +151,16 @@ COMPLETED = re.compile(r"Completed checkpoint (\d+) for job \S+ \((\d+) bytes, c
 
 class LogFollower:
     """Reads the Flink log as it grows: files whose split a source reader finished (and when, by
-    the JVM's clock in ms), checkpoints triggered (with their time) and completed."""
+    the JVM's clock in ms), checkpoints triggered (with their time) and completed.
+
+    Each source numbers its splits from 1, and the reader's lines name a split by its number only:
+    a number's "finished" line is taken for the oldest file added under that number and not yet
+    finished. With two sources the attribution can be the other source's file for a while, but once
+    every "finished" line of a number has been read, every file added under it is finished."""
 
     def __init__(self, log_dir: Path):
         self.log_dir, self._offset, self._path = log_dir, 0, None
-        self.split_paths: dict[str, str] = {}  # split id -> path
+        self.split_paths: dict[str, list[str]] = {}  # split id -> paths added under it, not yet finished
         self.finished: dict[str, int] = {}  # path -> ms
         self.triggered: dict[int, int] = {}  # checkpoint -> ms
         self.completed: dict[int, tuple[int, int]] = {}  # checkpoint -> (state bytes, duration ms)
@@ -174,11 +179,11 @@ class LogFollower:
         for line in chunk[:end].decode("utf-8", errors="replace").splitlines():
             if (m := ADDED.search(line)):
                 for path, split_id in SPLIT.findall(m[1]):
-                    self.split_paths[split_id] = path
+                    self.split_paths.setdefault(split_id, []).append(path)
             elif (m := FINISHED.search(line)):
                 for split_id in m[1].replace(" ", "").split(","):
-                    if split_id in self.split_paths:
-                        self.finished[self.split_paths[split_id]] = log_ms(line)
+                    if self.split_paths.get(split_id):
+                        self.finished[self.split_paths[split_id].pop(0)] = log_ms(line)
             elif (m := TRIGGERED.search(line)):
                 self.triggered[int(m[1])] = int(m[2])
             elif (m := COMPLETED.search(line)):

@@ -1,6 +1,6 @@
 """Peer systems for the benchmark: what a data engineer would run instead of Photon.
 
-Both join the click log with the query log of one datacenter replica (docs/CONTRACTS.md: input logs) and
+Each joins the click log with the query log of one datacenter replica (docs/CONTRACTS.md: input logs) and
 compare the joined click ids with the generator's ground truth (`gen_summary.json`).
 
 1. ``duckdb``: the single-node floor. One batch: ``read_json`` of every click and query file,
@@ -20,6 +20,18 @@ compare the joined click ids with the generator's ground truth (`gen_summary.jso
    writes the logs, for the live latency. Its file source is fed each log file once the file is
    complete (hard links into the watched directory, as a log shipper would), because it reads a
    file once.
+5. ``flink``: Apache Flink's interval join in Flink SQL (benchmarks/flink_join.py, run in Flink's
+   own virtual environment ``.venv-flink``): JSON file sources skipping bad lines, watermarks,
+   clicks deduplicated by ``click_id``, exactly-once checkpoints, a Parquet sink committed on
+   checkpoint; the backlog read by bounded sources in streaming mode.
+6. ``flink-live``: the same job with sources that list the shipped directories every second,
+   fed like ``streaming-live``, for the live latency (a click is visible when its part file is
+   committed).
+
+Structured Streaming starts a session of its own (``streaming_session``: 8 GiB driver, 2 shuffle
+partitions, RocksDB state store), not Photon's; its watermark and join window default to the
+workload's real bound, the generator's 300 s cap on the click delay. Each streaming peer's result
+records its ``settings``.
 
 How bad input behaves (measured on generated logs, DuckDB 2.0, Spark 4.0):
 
@@ -45,10 +57,13 @@ session's start (``session_start_seconds``, when this module starts it) but with
 JVM's first streaming query; ``replay.wall_seconds`` is the same work again in a warm JVM.
 
     python benchmarks/peers.py duckdb --data-dir DIR [--out-dir DIR] [--datacenter dc1]
-    python benchmarks/peers.py streaming --data-dir DIR [--out-dir DIR] [--watermark "10 minutes"]
-        [--join-window "10 minutes"] [--max-files-per-trigger N]
+    python benchmarks/peers.py streaming --data-dir DIR [--out-dir DIR] [--watermark "300 seconds"]
+        [--join-window "300 seconds"] [--max-files-per-trigger N] [--driver-memory 8g] [--shuffle-partitions 2]
     python benchmarks/peers.py spark-batch --data-dir DIR [--out-dir DIR]
-    python benchmarks/peers.py streaming-live --data-dir DIR --out-dir DIR [--watermark "10 minutes"]
+    python benchmarks/peers.py streaming-live --data-dir DIR --out-dir DIR [--watermark "300 seconds"]
+        [--trigger-seconds 0]
+    python benchmarks/peers.py flink|flink-live --data-dir DIR [--out-dir DIR] [--watermark-seconds S]
+        [--join-window-seconds 300] [--checkpoint-seconds S] [--parallelism 1] [--state-backend B]
 """
 
 from __future__ import annotations
@@ -504,22 +519,33 @@ def run_spark_batch(data_dir: Path, out_dir: Path, datacenter: str = "dc1", spar
 
 # -- Spark Structured Streaming, live: the same join tailing logs being written ----
 
-def ship_completed_files(source: Path, target: Path, shipped: set[Path], all_complete: bool) -> int:
-    """Hard-link into target every log file under source (one directory of numbered files per
-    writer) that is complete: its writer has started the next file, or the generator has finished
-    (all_complete). The file source reads a file once, when it first lists it, so it must see only
-    complete files; this is what a log shipper moving closed files into the watched directory does."""
+def complete_files(source: Path, all_complete: bool) -> list[Path]:
+    """The log files under source (one directory of numbered files per writer) that are complete:
+    their writer has started the next file, or the generator has finished (all_complete)."""
     if not source.is_dir():
-        return 0
-    linked = 0
+        return []
+    complete = []
     for writer in sorted(source.iterdir()):
         files = sorted(writer.glob("*.jsonl"))
-        for path in files if all_complete else files[:-1]:
-            if path in shipped:
-                continue
-            destination = target / writer.name / path.name
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            os.link(path, destination)
+        complete += files if all_complete else files[:-1]
+    return complete
+
+
+def ship_file(path: Path, target: Path) -> Path:
+    destination = target / path.parent.name / path.name
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    os.link(path, destination)
+    return destination
+
+
+def ship_completed_files(source: Path, target: Path, shipped: set[Path], all_complete: bool) -> int:
+    """Hard-link into target every complete log file under source (`complete_files`). The file
+    source reads a file once, when it first lists it, so it must see only complete files; this is
+    what a log shipper moving closed files into the watched directory does."""
+    linked = 0
+    for path in complete_files(source, all_complete):
+        if path not in shipped:
+            ship_file(path, target)
             shipped.add(path)
             linked += 1
     return linked
@@ -566,6 +592,52 @@ class Shipper:
             if self.failure:
                 raise self.failure[0]
             raise SystemExit(f"the generator had not finished after {timeout_seconds} s")
+
+
+class OrderedShipper(Shipper):
+    """The shipper for Flink's file source, which does not read the files it has found in the order
+    they came: its split assigner hands out the last split added first (a list it adds to and takes
+    from at the front), and those of its first listing in hash order. With every complete file
+    shipped at once, a job behind by a minute at 1,000 clicks/s read some query files 1 s after they
+    were written and others 216 s after. This shipper sends each stream's complete files oldest
+    first (by modification time) in batches of at most batch_files, the next batch once the job has
+    read every file of the last one (Flink's log: flink_join.LogFollower): out of order only within
+    a batch (32 query files: about 2.5 s of queries at 10,000/s), as a log broker's partition would
+    deliver them."""
+
+    def __init__(self, data_dir: Path, datacenter: str, shipped_root: Path, flink_log_dir: Path,
+                 poll_seconds: float = 0.2, batch_files: int = 32):
+        super().__init__(data_dir, datacenter, shipped_root, poll_seconds)
+        try:
+            from benchmarks.flink_join import LogFollower
+        except ImportError:  # run as a script without the repository on the path
+            from flink_join import LogFollower
+        self.log, self.batch_files = LogFollower(flink_log_dir), batch_files
+        self.unread: dict[str, set[str]] = {stream: set() for stream in self.STREAMS}
+
+    def _run(self) -> None:
+        try:
+            while True:
+                done = (self.data_dir / SUMMARY_FILE).exists()
+                self.log.poll()
+                left = 0
+                for stream in self.STREAMS:
+                    unread = self.unread[stream]
+                    unread -= unread & self.log.finished.keys()
+                    pending = sorted((p for p in complete_files(stream_dir(self.data_dir, self.datacenter, stream), done)
+                                      if p not in self.shipped), key=lambda p: (p.stat().st_mtime, p.name))
+                    room = 0 if unread else self.batch_files
+                    for path in pending[:room]:
+                        destination = ship_file(path, stream_dir(self.root, self.datacenter, stream))
+                        self.shipped.add(path)
+                        if path.stat().st_size > 0:  # Flink may make no split of an empty file
+                            unread.add(str(destination))
+                    left += max(0, len(pending) - room)
+                if done and not left:
+                    return
+                time.sleep(self.poll_seconds)
+        except BaseException as error:  # surfaced in the main thread
+            self.failure.append(error)
 
 
 def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = DEFAULT_BOUND,
@@ -717,7 +789,7 @@ def flink_options(watermark_seconds, join_window_seconds, checkpoint_seconds, pa
 
 def run_flink(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark_seconds: float | None = None,
               join_window_seconds: float = CLICK_DELAY_MAX_SECONDS, checkpoint_seconds: float = 5.0,
-              parallelism: int = 1, state_backend: str = "rocksdb", heap: str = FLINK_HEAP,
+              parallelism: int = 1, state_backend: str = "hashmap", heap: str = FLINK_HEAP,
               dedup_ttl_seconds: float = 0.0, input_counts: bool = True) -> dict:
     """Flink's interval join over the backlog: bounded file sources in streaming mode, exactly-once
     checkpoints, until every file is read and the last part files are committed.
@@ -727,8 +799,12 @@ def run_flink(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark_
     the reader in no particular order (its split assigner keeps them in a hash set), so a writer's
     last file can be read before another's first: the disorder the watermark must cover is the
     span of the backlog. With 300 s, the 2,000-query test workload (one file per writer) joined 44
-    of its 183 clicks; with the span, all of them. The price is state: nothing leaves the join's
-    state before the end (RocksDB keeps it off the heap)."""
+    to 52 of its 183 clicks in three runs, a 200,000-query backlog (279 files) 1,829 of 19,919;
+    with the span, all of them. The price is state: nothing leaves the join's state before the end.
+
+    Default state backend: the heap (`hashmap`), which holds that state in the 8 GiB heap and took
+    17 s for the 200,000-query backlog where RocksDB took 43 s (same machine, minutes apart).
+    Parallelism 2 was no faster (18 s) on 2 cores."""
     data_dir, out = Path(data_dir), Path(out_dir) / "flink"
     shutil.rmtree(out, ignore_errors=True)
     truth = ground_truth(data_dir)
@@ -747,12 +823,14 @@ def run_flink(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark_
 def run_flink_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1",
                    watermark_seconds: float = CLICK_DELAY_MAX_SECONDS,
                    join_window_seconds: float = CLICK_DELAY_MAX_SECONDS, checkpoint_seconds: float = 1.0,
-                   parallelism: int = 1, state_backend: str = "rocksdb", heap: str = FLINK_HEAP,
+                   parallelism: int = 2, state_backend: str = "rocksdb", heap: str = FLINK_HEAP,
                    dedup_ttl_seconds: float | None = None, input_counts: bool = True, poll_seconds: float = 0.2,
-                   timeout_seconds: float = 3600) -> dict:
+                   timeout_seconds: float = 3600, batch_files: int = 32) -> dict:
     """Flink's interval join left running while `photon gen --follow` writes the logs: its sources
     list their directories every second for new files, into which complete log files are shipped
-    as for `streaming-live` (a file source reads a file once). After the last shipment the job runs
+    as for `streaming-live` (a file source reads a file once), oldest first in batches of at most
+    batch_files per stream, the next once the job has read the last (`OrderedShipper`). After the
+    last shipment the job runs
     until it has read every shipped file and committed what it wrote (flink_join.py), and stops.
 
     A click is visible when the part file holding it is committed: renamed from its hidden
@@ -763,10 +841,14 @@ def run_flink_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1",
     Default watermark and join window: the click delay bound (300 s). Files arrive here in the
     order they are completed, a few seconds apart across writers, and the late writers' lines 60 s
     behind (`photon gen --late-delay-s`): within the bound. The dedup state is kept for the
-    watermark plus the join window by default (processing time; duplicates come within 30 s)."""
-    data_dir, out = Path(data_dir), Path(out_dir) / "flink-live"
+    watermark plus the join window by default (processing time; duplicates come within 30 s).
+
+    Default parallelism 2, one per core: at 1,000 clicks/s on a loaded machine (load average 7-8),
+    with parallelism 1 the job fell behind (p90 per 10 s of click time from 41 s to 72 s over a
+    minute; p50 42 s, p90 60 s), with 2 it held (p90 per 10 s from 27 s to 36 s, flat over the last 30 s; p50 26 s, p90 36 s)."""
+    data_dir, out = Path(data_dir), Path(out_dir).resolve() / "flink-live"
     shutil.rmtree(out, ignore_errors=True)
-    shipper = Shipper(data_dir, datacenter, out / "shipped", poll_seconds)
+    shipper = OrderedShipper(data_dir, datacenter, out / "shipped", out / "flink-log", poll_seconds, batch_files)
     if dedup_ttl_seconds is None:
         dedup_ttl_seconds = watermark_seconds + join_window_seconds
     options = flink_options(watermark_seconds, join_window_seconds, checkpoint_seconds, parallelism, state_backend,
@@ -808,8 +890,12 @@ def main() -> None:
         sub.add_argument("--join-window-seconds", type=float, default=CLICK_DELAY_MAX_SECONDS,
                          help="click time <= query time + this")
         sub.add_argument("--checkpoint-seconds", type=float, default=5.0 if name == "flink" else 1.0)
-        sub.add_argument("--parallelism", type=int, default=1)
-        sub.add_argument("--state-backend", choices=("rocksdb", "hashmap"), default="rocksdb")
+        sub.add_argument("--parallelism", type=int, default=1 if name == "flink" else 2)
+        sub.add_argument("--state-backend", choices=("rocksdb", "hashmap"),
+                         default="hashmap" if name == "flink" else "rocksdb",
+                         help="flink: the heap (the fastest while the state fits it); flink-live: RocksDB with "
+                              "incremental checkpoints (the heap backend snapshots all its state at every checkpoint,"
+                              " and ten minutes of queries at 10,000/s are millions of rows)")
         sub.add_argument("--heap", default=FLINK_HEAP, help="the local Flink cluster's JVM heap")
         sub.add_argument("--dedup-ttl-seconds", type=float,
                          default=0.0 if name == "flink" else None,

@@ -8,7 +8,12 @@ all its descendants (Python, the JVM, the registry server) every 0.2 s for the p
     python benchmarks/run.py scaling [--base-queries 250000] [--factors 1,2,4,8] [--systems photon,duckdb]
     python benchmarks/run.py live [--rate 1000] [--duration-s 300] [--drain-timeout-s 600] [--systems photon,streaming]
                                   [--mode embedded|daemon]
+    python benchmarks/run.py peer-tuning [--rate 1000] [--duration-s 60] [--systems streaming,flink]
+                                         [--settings-per-system N]
     python benchmarks/run.py batch-cost
+
+`flink` (Apache Flink's interval join, `peers.py flink` / `flink-live`) can be added to the
+`--systems` of backlog, scaling and live (`--flink-watermark-seconds`, `--flink-checkpoint-seconds`).
 
 Each writes `benchmarks/results/<date>-<workload>.json` (`--results-dir`) and a PNG chart next to
 it, and prints a Markdown table. `--work-dir` keeps the data directories (default: a temporary directory, removed).
@@ -18,7 +23,8 @@ Workloads:
   click lines duplicated (`photon gen --late-query-share 0.02 --duplicate-click-share 0.01`), ten
   clicks per hundred queries. Wall time to done, joined clicks/s, input MB/s, peak memory, and
   bytes written per input byte (output tables, registry, state and the Dagster instance for Photon;
-  output and checkpoint for Structured Streaming; the Parquet output of the DuckDB and Spark batches).
+  output and checkpoint for Structured Streaming; output and largest checkpoint for Flink; the
+  Parquet output of the DuckDB and Spark batches).
 - **scaling**: the backlog at several sizes; the growth exponent of wall time between the smallest
   and the largest (1.0 is linear). With the defaults the largest (8 x 250,000 queries) is the backlog
   workload itself, and its point is also written as the backlog result.
@@ -26,8 +32,11 @@ Workloads:
   `photon run --until-idle --min-seconds` tails the logs; then, on a new generator run with the same
   seed and rate, Structured Streaming's join runs continuously (`peers.py streaming-live`). A
   click's latency is Photon's definition for both: the commit time of the version of the joined
-  Delta table that first contains it (from the Delta log) minus the click's `timestamp_us`.
-  Photon's backlog (bytes on disk not yet cut into a work unit) is sampled every 5 s.
+  Delta table that first contains it (from the Delta log) minus the click's `timestamp_us`; for
+  Flink, whose sink commits a Parquet part file by renaming it when a checkpoint completes, the
+  file's ctime (`part_file_latencies`). Photon's backlog (bytes on disk not yet cut into a work unit) is sampled every 5 s.
+- **peer-tuning**: short live runs of the peers over a few settings each (`PEER_TUNING`, each
+  system's defaults first): latency of all joinable clicks, completeness, peak memory; the best p90.
 - **batch-cost**: the fixed cost of a micro-batch when each run gets its own process and JVM
   (what Dagster's default run launcher does) against runs inside `photon run`'s process, which
   share one Spark session, and against `photon up` (the daemon launches a process per run, each a
@@ -661,10 +670,10 @@ PEER_TUNING = {
         ("2g driver (Photon's)", ["--driver-memory", "2g"]),
     ],
     "flink": [
-        ("defaults: checkpoint 1 s, parallelism 1, RocksDB", []),
+        ("defaults: checkpoint 1 s, parallelism 2, RocksDB", []),
+        ("parallelism 1", ["--parallelism", "1"]),
         ("checkpoint 0.5 s", ["--checkpoint-seconds", "0.5"]),
         ("checkpoint 2 s", ["--checkpoint-seconds", "2"]),
-        ("parallelism 2", ["--parallelism", "2"]),
         ("heap state backend", ["--state-backend", "hashmap"]),
     ],
 }

@@ -48,6 +48,10 @@ def test_streaming_joins_at_most_the_truth_once_and_again_on_replay(workload, tm
     assert result["duplicates_on_replay"] > 0
     assert result["torn_line"]["read_as_malformed_record"]
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    # The workload's real bound (the generator's click delay cap), recorded with the run's settings.
+    settings = result["settings"]
+    assert settings["watermark"] == settings["join_window"] == "300 seconds"
+    assert settings["trigger"] == "availableNow" and settings["spark.sql.shuffle.partitions"] == "2"
 
 
 def test_only_complete_log_files_are_shipped_to_the_live_file_source(tmp_path):
