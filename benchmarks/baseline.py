@@ -47,7 +47,8 @@ def run_phases(data_dir: Path) -> dict:
     for event in instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=10_000).records:
         metadata = event.asset_materialization.metadata
         for key, value in metadata.items():
-            if key.startswith(("phase_", "join_")) and key.endswith("_seconds"):
+            # A click run that joined nothing records its join delays as None.
+            if key.startswith(("phase_", "join_")) and key.endswith("_seconds") and value.value is not None:
                 phases.setdefault(key[: -len("_seconds")], []).append(value.value)
     return {
         "jobs": {

@@ -64,11 +64,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the project's packages and benchmarks.peers
 RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.latency_stages import LogSampler, latency_stages  # noqa: E402
 from benchmarks.peers import DEFAULT_BOUND  # noqa: E402 (the streaming peers' default bound: 300 seconds)
 PYTHON = sys.executable
 MB = 1_000_000
 BACKLOG_MIN_QUERIES = 2_000_000  # the issue's backlog workload: at least 2 million queries
-SYSTEM_LABELS = {"photon": "Photon (photon run)", "duckdb": "DuckDB batch", "spark-batch": "Spark batch",
+SYSTEM_LABELS = {"photon": "Photon (photon run)", "photon-up": "Photon (photon up, the daemon)", "duckdb": "DuckDB batch", "spark-batch": "Spark batch",
                  "streaming": "Spark Structured Streaming", "flink": "Apache Flink (interval join)"}
 # The systems whose join runs after a session start of their own, reported apart: what a user waits
 # for is the start and the join (`wall_to_done_seconds`), not what the peer does after it (the
@@ -554,6 +555,7 @@ def live(args, work: Path) -> dict:
 
 
 LIVE_PEERS = {"streaming": "streaming-live", "flink": "flink-live"}
+PHOTON_SYSTEMS = ("photon", "photon-up")
 
 
 def live_peer_options(system: str, args) -> list[str]:
@@ -574,26 +576,29 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
     started = time.time()
     timeout = str(args.duration_s + args.drain_timeout_s)
     table = data_dir / "warehouse" / "joined_clicks"
-    daemon = system == "photon" and args.mode == "daemon"
+    # `photon-up`: Photon under its daemon deployment; `photon`: `photon run` (or the daemon with --mode daemon).
+    photon = system in PHOTON_SYSTEMS
+    daemon = system == "photon-up" or (system == "photon" and args.mode == "daemon")
     # Latencies are read back from the files each commit added (visible_latencies): table maintenance
     # compacts them, and must not delete the originals before the run ends.
     keep_files = {"PHOTON_SETTINGS": json.dumps({"query_cache_vacuum_retain_hours": 24})}
     if daemon:
         measured = photon_up(data_dir, work / "logs", keep_files)
     else:
-        if system == "photon":
+        if photon:
             command = photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
                                      "--min-seconds", str(args.duration_s), "--timeout-seconds", timeout)
         else:
             table = work / "out" / LIVE_PEERS[system] / "joined_clicks"
             options = live_peer_options(system, args) if peer_options is None else peer_options
             command = peer_command(LIVE_PEERS[system], data_dir, work / "out", *options, "--timeout-seconds", timeout)
-        measured = Measured(command, work / "logs" / f"{system}.log", keep_files if system == "photon" else None).start()
+        measured = Measured(command, work / "logs" / f"{system}.log", keep_files if photon else None).start()
     backlog_samples, generator_end = [], None
+    sampler = LogSampler(data_dir / "logs" / "dc1" / "click").__enter__()  # where each click's time goes
     while measured.process.poll() is None:
         if generator_end is None and gen.process.poll() is not None:
             generator_end = time.time()
-        if system == "photon":
+        if photon:
             backlog_samples.append({"t": time.time(), **undispatched_bytes(data_dir)})
         if daemon and generator_end is not None:
             # photon up runs until stopped: stop it once every joinable click is visible, or the
@@ -602,7 +607,8 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
             if drained(data_dir, joinable) or time.time() > generator_end + args.drain_timeout_s:
                 stop_up(measured)
                 break
-        time.sleep(5 if system == "photon" else 1)
+        time.sleep(5 if photon else 1)
+    sampler.__exit__()
     gen.wait()
     generator_end = generator_end or time.time()
     if daemon:
@@ -612,7 +618,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
                   "runs": daemon_runs(data_dir)}
     else:
         stdout = measured.wait()
-        output = (json.loads(stdout.strip().splitlines()[-1] if system == "photon" else stdout)
+        output = (json.loads(stdout.strip().splitlines()[-1] if photon else stdout)
                   if stdout.strip() else None)
     truth = json.loads((data_dir / "gen_summary.json").read_text())
     if system == "flink":
@@ -626,7 +632,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
     size = log_bytes(data_dir)
     result = {
         "system": system,
-        "mode": args.mode if system == "photon" else None,
+        "mode": ("daemon" if daemon else "embedded") if photon else None,
         # What the generator achieved (it shares the 2 cores with the system).
         "generated": {"clicks_per_second": round(truth["click_lines"] / args.duration_s, 1),
                       "queries_per_second": round(truth["query_events"] / args.duration_s, 1),
@@ -636,7 +642,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         "wall_seconds": measured.wall_seconds,
         "peak_rss_bytes": max(measured.peak_rss_bytes, (output or {}).get("jvm_peak_rss_bytes") or 0),
         "peak_memory_by_process": measured.peak_breakdown,
-        ("summary" if system == "photon" else "peer"): output,
+        ("summary" if photon else "peer"): output,
         "joinable_clicks": len(truth["joinable_click_ids"]),
         "joined_visible": len(latencies),
         "latency_seconds": percentiles([latency for _, latency in latencies]),
@@ -647,7 +653,8 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         "last_join_after_generator_stopped_seconds": round(last_visible - generator_end, 1) if latencies else None,
         "latency_histogram": latency_histogram([latency for _, latency in latencies]),
     }
-    if system == "photon":
+    if photon:
+        result["latency_stages_seconds"] = latency_stages(data_dir, sampler)
         result["backlog_bytes"] = [{"t": round(s["t"] - started, 1), "query": s["query"], "click": s["click"]}
                                    for s in backlog_samples]
     if args.keep_data:
@@ -879,7 +886,7 @@ def live_chart(result: dict, path: Path) -> None:
     with_backlog = any(run.get("backlog_bytes") for run in result["systems"].values())
     fig, axes = plt.subplots(1, 3 if with_backlog else 2, figsize=(16 if with_backlog else 11, 4))
     latency, by_minute = axes[:2]
-    colors = {"photon": "#d62728", "streaming": "#1f77b4", "flink": "#2ca02c"}
+    colors = {"photon": "#d62728", "photon-up": "#ff7f0e", "streaming": "#1f77b4", "flink": "#2ca02c"}
     for system, run in result["systems"].items():
         label = "Photon (photon up: daemon)" if run.get("mode") == "daemon" else SYSTEM_LABELS[system]
         color = colors.get(system, "gray")
@@ -970,7 +977,7 @@ def main() -> None:
         sub.add_argument("--seed", type=int, default=2026)
         sub.set_defaults(mode="embedded", keep_data=False)
     live_options.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "streaming"],
-                              help="photon, streaming, flink")
+                              help="photon, photon-up (the daemon), streaming, flink")
     live_options.add_argument("--mode", choices=("embedded", "daemon"), default="embedded",
                               help="Photon as `photon run` (runs in its process) or `photon up` (the daemon, a"
                                    " process per run, Spark Connect)")

@@ -59,6 +59,13 @@ def test_live_measures_the_latency_of_every_joined_click(tmp_path, over_spark_co
         assert sum(run["latency_histogram"]["counts"]) == run["joined_visible"]
     photon, streaming = result["systems"]["photon"], result["systems"]["streaming"]
     assert len(photon["backlog_bytes"]) >= 4
+    # Where each joined click's time went (benchmarks/latency_stages.py): every stage measured for
+    # every joined click, none negative, the stages adding up to about the whole latency.
+    stages = photon["latency_stages_seconds"]
+    assert {name: stages[name]["count"] for name in stages} == {
+        name: photon["joined_visible"] for name in ("in_log", "cut", "run_start", "commit", "total")}
+    assert all(stages[name]["p50"] >= 0 for name in ("in_log", "cut", "run_start", "commit"))
+    assert abs(stages["total"]["p50"] - photon["latency_seconds"]["p50"]) < 1.0
     # Photon ran at least as long as the generator wrote: it did not go idle between appends.
     assert photon["wall_seconds"] >= 20
     assert streaming["peer"]["correctness"]["joined_equals_truth"]

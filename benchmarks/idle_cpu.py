@@ -1,0 +1,111 @@
+"""The deployment's own CPU (issue 42, item 6): what each process of an idle `photon up` takes.
+
+`photon up` on a small generated workload, driven until every joinable click is joined and no run is
+unfinished; then, after `--settle-s`, the CPU time (user + system, from /proc) each process of its
+tree spends over `--window-s` seconds, summed per component and given as a share of one core. On two
+cores every idle process counts: the target is an idle `photon up` under 10 % of a core.
+
+    python benchmarks/idle_cpu.py [--queries 3000] [--settle-s 30] [--window-s 60]
+
+Writes benchmarks/results/<date>-idle_cpu.json and prints one line per component.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.run import commit, drained, generate, photon_up, process_tree_rss, stop_up  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def component(pid: int, root: int) -> str:
+    """Which part of the deployment a process is, by its command line."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+    except OSError:
+        return "gone"
+    for marker, name in (("SparkConnectServer", "spark connect server (JVM)"), ("worker_daemon", "python workers"),
+                         ("pyspark.daemon", "python workers"), ("event-store tail", "query tailer"),
+                         ("registry serve", "registry service"), ("dagster-daemon", "dagster-daemon"),
+                         ("dagster-webserver", "dagster-webserver"), ("api grpc", "code server"),
+                         ("execute_run", "run process"), ("api execute", "run process")):
+        if marker in command:
+            return name
+    return "photon up" if pid == root else command.split(" ")[0].rsplit("/", 1)[-1]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def measure(root: int, window_s: float) -> dict:
+    """Per component: processes and the share of one core they used over the window."""
+    before = {pid: cpu_seconds(pid) for pid in process_tree_rss(root)}
+    started = time.monotonic()
+    time.sleep(window_s)
+    elapsed = time.monotonic() - started
+    by_component: dict[str, dict] = {}
+    for pid in process_tree_rss(root):
+        now, then = cpu_seconds(pid), before.get(pid)
+        if now is None:
+            continue
+        used = now - (then or 0.0)  # a process born in the window counts from zero
+        row = by_component.setdefault(component(pid, root), {"processes": 0, "core_share": 0.0})
+        row["processes"] += 1
+        row["core_share"] += used / elapsed
+    for row in by_component.values():
+        row["core_share"] = round(row["core_share"], 4)
+    return by_component
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, default=3000)
+    parser.add_argument("--settle-s", type=float, default=30.0)
+    parser.add_argument("--window-s", type=float, default=60.0)
+    parser.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        data_dir = Path(work) / "data"
+        truth = generate(data_dir, "--queries", str(args.queries), "--seed", "42", "--datacenters", "dc1")
+        up = photon_up(data_dir, Path(work))
+        try:
+            deadline = time.monotonic() + 900
+            while not drained(data_dir, truth["joinable_clicks"]):
+                if time.monotonic() > deadline or up.process.poll() is not None:
+                    raise SystemExit("photon up did not drain the workload")
+                time.sleep(2)
+            time.sleep(args.settle_s)
+            components = measure(up.process.pid, args.window_s)
+        finally:
+            stop_up(up)
+    total = round(sum(row["core_share"] for row in components.values()), 4)
+    result = {"date": date.today().isoformat(), "commit": commit(), "cores": os.cpu_count(),
+              "workload": {"queries": args.queries}, "settle_seconds": args.settle_s, "window_seconds": args.window_s,
+              "idle_core_share": total,
+              "components": dict(sorted(components.items(), key=lambda kv: -kv[1]["core_share"]))}
+    out = args.results_dir / f"{result['date']}-idle_cpu.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for name, row in result["components"].items():
+        print(f"{name:32s} {row['processes']:3d} process(es) {100 * row['core_share']:6.1f} % of a core")
+    print(f"idle photon up: {100 * total:.1f} % of a core; written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Where each joined click's time goes, in a live benchmark (issue 42, item 4): from its event time
+
+1. `in_log`: to its bytes being in the click log (sampled: `LogSampler` polls the click files' sizes
+   every 0.1 s while the run goes, so a click is in the log at the first sample whose size passes its
+   line's offset; the generator flushes every 0.5 s);
+2. `cut`: to being cut into a work unit (the dispatcher's clock when it cut the unit, in its run's
+   config; a click joined by a pending-click retry counts from that retry's unit);
+3. `run_start`: to the start of the run that joined it (queue and launch: ~0.1 s in `photon run`, a
+   process per run under the daemon);
+4. `commit`: to the commit of the first `joined_clicks` version holding it.
+Each stage is reported as p50 and p90 of its own duration over the joined clicks, with the end to
+end latency beside it, so a missed target names its stage.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+class LogSampler:
+    """The sizes of the click files under `click_dir`, polled on a thread every `every_seconds`: per
+    file, (time, size) at each change."""
+
+    def __init__(self, click_dir: Path, every_seconds: float = 0.1):
+        self.click_dir, self.every_seconds = click_dir, every_seconds
+        self.samples: dict[str, list[tuple[float, int]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-sampler", daemon=True)
+
+    def __enter__(self) -> "LogSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            for path in self.click_dir.rglob("*.jsonl") if self.click_dir.is_dir() else []:
+                rel = str(path.relative_to(self.click_dir))
+                try:
+                    size = path.stat().st_size
+                except OSError:
+                    continue
+                seen = self.samples.setdefault(rel, [])
+                if not seen or seen[-1][1] != size:
+                    seen.append((now, size))
+            self._stop.wait(self.every_seconds)
+
+    def in_log_at(self, file: str, offset: int) -> float | None:
+        """The first sampled time at which `file` held the byte at `offset`."""
+        for at, size in self.samples.get(file, []):
+            if size > offset:
+                return at
+        return None
+
+
+def first_commits(table: Path) -> dict[str, float]:
+    """click_id -> commit time (s) of the first version of the Delta table whose added files hold it."""
+    import pyarrow.parquet as pq
+
+    first: dict[str, float] = {}
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
+        committed = next(a["commitInfo"]["timestamp"] for a in actions if "commitInfo" in a) / 1e3
+        for action in actions:
+            if "add" in action:
+                for click_id in pq.read_table(table / action["add"]["path"], columns=["click_id"]).column(
+                        "click_id").to_pylist():
+                    first.setdefault(click_id, committed)
+    return first
+
+
+def unit_runs(dagster_home: Path) -> dict[str, tuple[float, float]]:
+    """work unit -> (the clock it was cut at, s; its successful run's start, s), from the instance."""
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    from photon_assets.work_unit import TAG_WORK_UNIT
+
+    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    found = {}
+    for record in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS])):
+        run = record.dagster_run
+        unit = run.tags.get(TAG_WORK_UNIT)
+        config = run.run_config.get("ops", {}).get("join_clicks", {}).get("config", {})
+        if unit and "clock_us" in config and record.start_time:
+            found[unit] = (config["clock_us"] / 1e6, record.start_time)
+    return found
+
+
+def latency_stages(data_dir: Path, sampler: LogSampler, dc: str = "dc1") -> dict:
+    """p50 and p90 of each stage (see the module docstring) over the clicks joined in `data_dir`."""
+    from deltalake import DeltaTable
+
+    joined = DeltaTable(str(data_dir / "warehouse" / "joined_clicks")).to_pyarrow_table(
+        columns=["click_id", "timestamp_us", "work_unit"]).to_pylist()
+    ledger = DeltaTable(str(data_dir / "warehouse" / "click_ledger")).to_pyarrow_table(
+        columns=["click_id", "file", "offset", "dc"]).to_pylist()
+    where: dict[str, tuple[str, int]] = {}
+    for row in ledger:
+        if row["dc"] == dc and (row["click_id"] not in where or row["offset"] < where[row["click_id"]][1]):
+            where[row["click_id"]] = (row["file"], row["offset"])
+    commits = first_commits(data_dir / "warehouse" / "joined_clicks")
+    runs = unit_runs(data_dir / "dagster")
+    stages: dict[str, list[float]] = {"in_log": [], "cut": [], "run_start": [], "commit": [], "total": []}
+    for row in joined:
+        event = row["timestamp_us"] / 1e6
+        located = where.get(row["click_id"])
+        in_log = sampler.in_log_at(*located) if located else None
+        cut, started = runs.get(row["work_unit"], (None, None))
+        committed = commits.get(row["click_id"])
+        if None in (in_log, cut, started, committed):
+            continue
+        # A click cut before the sampler saw it (a 0.1 s poll) counts as in the log when cut.
+        in_log = min(in_log, cut)
+        for name, value in (("in_log", in_log - event), ("cut", cut - in_log), ("run_start", started - cut),
+                            ("commit", committed - started), ("total", committed - event)):
+            stages[name].append(value)
+    return {name: ({"count": len(values), "p50": round(float(np.percentile(values, 50)), 2),
+                    "p90": round(float(np.percentile(values, 90)), 2)} if values else {"count": 0})
+            for name, values in stages.items()}
