@@ -185,15 +185,19 @@ class QueryTailer:
 
 def tail_forever(layout: DataLayout, dc: str, registry: IdRegistry, settings: TailSettings,
                  poll_seconds: float = POLL_SECONDS, stop: threading.Event | None = None) -> None:
-    """Polls until `stop` is set (or SIGTERM / SIGINT, in the main thread)."""
+    """Polls until `stop` is set, or SIGTERM / SIGINT arrive (in the main thread). The handler only
+    appends to a list: setting an Event from a handler that interrupted that Event's own wait in the
+    same thread deadlocks on its lock (a tailer stopped twice hung so)."""
     stop = stop or threading.Event()
+    signalled: list[int] = []
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, lambda signum, _frame: signalled.append(signum))
     tailer = QueryTailer(layout, dc, registry, settings)
     log.info("tailing %s from part %d (%d file(s) read before)", tailer.stream_dir, tailer.part, len(tailer.offsets))
-    while not stop.is_set():
+    while not (signalled or stop.is_set()):
         done = tailer.poll()
         if done.bytes_read:
             log.debug("put %d query lines (%d bytes) in %.2f s", done.lines_put, done.bytes_read, done.seconds)
-        stop.wait(max(0.0, poll_seconds - done.seconds))
+        # A plain sleep: a signal's handler returns into it, and it ends within poll_seconds.
+        time.sleep(max(0.0, poll_seconds - done.seconds))
