@@ -2,28 +2,16 @@
 benchmarks/peers.py) through `benchmarks/run.py` on tiny workloads, against the generator's truth
 and DuckDB on the same logs; and the Structured Streaming peer's own session settings."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.flink_join import interval, statements  # the standard library only, until it runs a job
 from benchmarks.peers import (CLICK_DELAY_MAX_SECONDS, event_time_span_seconds, flink_options,
                               streaming_session_conf)
+from tests.benchmarks.test_run import bench  # run.py in a subprocess, its result file read back
 
 pytestmark = pytest.mark.benchmarks
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def bench(tmp_path: Path, *args: str) -> dict:
-    results = tmp_path / "results"
-    subprocess.run([sys.executable, "benchmarks/run.py", "--results-dir", str(results), *args], cwd=REPO,
-                   check=True, capture_output=True, text=True)
-    (written,) = results.glob("*.json")
-    return json.loads(written.read_text())
 
 
 def test_flink_backlog_joins_the_same_clicks_as_duckdb_and_the_truth(tmp_path):
