@@ -293,8 +293,11 @@ def _looked(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token:
         .when(line.isNotNull(), IN_MEMORY).when(fed & vouched, NOT_HELD).when(fed | ingested, BEYOND_MEMORY)
         .otherwise(NOT_INGESTED)
     )
-    return looked.withColumn("state", state).drop("query_writer", "query_ts", "writer_ts", "registry_status",
-                                                  "registry_token", "memory_horizon_ts", "query_fed_ts")
+    # A miss the memory tier vouched for was looked up as of the writer's fed time: a retry before that
+    # writer logs past it, or backfills, would miss again (spark_ops/pending.py, writer_ts_at_attempt).
+    vouched_ts = F.when(state == NOT_HELD, F.col("query_fed_ts")).cast("long").alias("memory_vouched_ts")
+    return looked.select("*", state.alias("state"), vouched_ts).drop(
+        "query_writer", "query_ts", "writer_ts", "registry_status", "registry_token", "memory_horizon_ts", "query_fed_ts")
 
 
 def _find(beyond: DataFrame, event_store: EventStore, stats: JoinStats) -> DataFrame:
@@ -323,7 +326,8 @@ def _judged(looked: DataFrame, found: DataFrame | None, token: str, pending: Pen
                 .withColumn("state", F.when(F.col("line").isNotNull(), IN_MEMORY).otherwise(NOT_HELD))
                 .drop("found_line", "found_ts"))
     rows = pending.judge(
-        rows.select(*CLICK_FIELDS, "attempts", "last_attempt_unit", "state", "query_timestamp_us", "line"), token)
+        rows.select(*CLICK_FIELDS, "attempts", "last_attempt_unit", "state", "query_timestamp_us", "line",
+                    "memory_vouched_ts"), token)
     state, has_query = F.col("state"), F.col("line").isNotNull()
     early = (F.lit(False) if validity is None
              else validity.before_query(F.col("timestamp_us"), F.col("query_timestamp_us")))

@@ -136,8 +136,9 @@ class PendingPolicy:
     def judge(self, not_found: DataFrame, token: str) -> DataFrame:
         """Clicks not found by this lookup, as `pending_clicks` records for it (but the times, which
         `record_pending` sets), with `give_up` and the unjoinable `reason`. `not_found` carries the
-        clicks' earlier `attempts` (0 if none) and the unit of their last attempt: an earlier attempt
-        of this very work unit counted the lookup."""
+        clicks' earlier `attempts` (0 if none), the unit of their last attempt (an earlier attempt
+        of this very work unit counted the lookup) and `memory_vouched_ts` (null unless the memory tier
+        vouched for the miss: the writer's time it was fed to)."""
         counted = F.coalesce(F.col("last_attempt_unit"), F.lit("")) != token
         attempts = F.col("attempts") + F.when(counted, 1).otherwise(0)
         parts = event_id_parts("query_id")
@@ -149,7 +150,9 @@ class PendingPolicy:
         behind = F.lit(self.progress.max_ts or 0) - F.col("timestamp_us")
         return (
             with_writer.join(F.broadcast(self.progress_frame(not_found.sparkSession)), "query_writer", "left")
-            .withColumn("writer_ts_at_attempt", F.col("writer_ts"))
+            # The writer's time this lookup covered: its ingested progress, or the time the query tailer
+            # had fed the memory tier to where that tier vouched for the miss (spark_ops/join.py).
+            .withColumn("writer_ts_at_attempt", F.greatest("writer_ts", "memory_vouched_ts"))
             .withColumn("writer_backfills_at_attempt", F.coalesce(F.col("writer_backfills"), F.lit(0)).cast("int"))
             .withColumn("last_attempt_unit", F.lit(token))
             .withColumn("give_up", self._age_reached(F.col("timestamp_us")) & (F.col("attempts") >= self.min_attempts))

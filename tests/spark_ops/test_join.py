@@ -5,8 +5,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from resources.layout import TABLES
+from resources.recent_queries import PIECE_SCHEMA
 from resources.registry_shards import ShardedIdRegistry
-from resources.stream_state import QueryProgress, WriterProgress
+from resources.stream_state import QueryProgress, WriterProgress, pending_retry_decision
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import ingest_queries, line_stats, stage_lines, stage_queries
 from spark_ops.join import CAPPED_REASON, CRASH_POINTS, JoinInput, join_work_unit, window_advice
@@ -233,3 +234,22 @@ def test_a_query_with_many_clicks_is_capped_across_work_units_and_alike_in_every
     unjoinable = read_table(spark, "unjoinable_clicks", world["tables"]["unjoinable_clicks"]).collect()
     assert sorted((r.click_id, r.reason) for r in unjoinable) == [
         (f"10.3.0.5:1:{i}", CAPPED_REASON) for i in (3, 4, 5, 7)]
+
+
+def test_a_miss_the_query_tailer_vouched_for_is_not_retried_when_query_runs_catch_up(world):
+    """c7 and c8 name queries of writer 10.1.0.1:8, which the query tailer fed to time 5 without
+    them: the memory tier vouches that they were never logged. Their pending records carry that time,
+    so the query runs' progress reaching it later is no reason to look them up again (only a
+    backfill of that writer, or the unjoinable age, is)."""
+    empty = pa.table({f.name: pa.array([], f.type) for f in PIECE_SCHEMA})
+    world["registry"].remember_tailed("dc1", empty, {
+        "part": 1, "offsets": {}, "writers": {"10.1.0.1:7": 1005, "10.1.0.1:8": 5},
+        "latest_valid_ts": 10**16, "retention_seconds": 3600, "budget_bytes": 1 << 30})
+    stats = run(world)
+    assert (stats.joined, stats.pending) == (7, 2)
+    records = read_table(world["spark"], "pending_clicks", world["tables"]["pending_clicks"]).collect()
+    assert {(r.click_id, r.writer_ts_at_attempt) for r in records} == {("10.3.0.1:9:2007", 5), ("10.3.0.1:9:2008", 5)}
+    caught_up = QueryProgress({**world["progress"].writers, "10.1.0.1:8": WriterProgress(10)})
+    digest = policy(world).digest(world["tables"]["pending_clicks"], "dc1")
+    assert digest.pending == 2 and digest.needs["10.1.0.1:8"][0] is None
+    assert not pending_retry_decision(digest, caught_up, 86400.0).ready
