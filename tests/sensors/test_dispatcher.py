@@ -329,9 +329,10 @@ def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_i
     write_lines(query_file, [query("10.1.0.1:7:2", 2)])
     deferred = evaluate(sensor, instance, cursor=first.cursor)
     assert deferred.run_requests == [] and json.loads(deferred.cursor)["deferred"]
-    assert "every 10 s" in deferred.skip_reason.skip_message
+    every = PipelineSettings().query_run_every_seconds
+    assert f"every {every:.0f} s" in deferred.skip_reason.skip_message
     # Its cadence passed: the lines are cut.
-    due = json.dumps({**json.loads(deferred.cursor), "cut_at": time.time() - 11})
+    due = json.dumps({**json.loads(deferred.cursor), "cut_at": time.time() - every - 1})
     assert [r.run_key for r in evaluate(sensor, instance, cursor=due).run_requests] == ["dc1.query.00000001"]
     # A stale mirror is a tailer that is not running: every new line is cut at once, as without one.
     write_lines(query_file, [query("10.1.0.1:7:3", 3)])
