@@ -146,6 +146,9 @@ def proportional_bytes(pid: int) -> int:
     return 0
 
 
+PSS_EVERY = 5  # samples (0.2 s apart): reading every process's smaps_rollup costs a few ms each
+
+
 class Measured:
     """A command run to completion with its wall time and the peak of its process tree's memory."""
 
@@ -153,6 +156,9 @@ class Measured:
         self.command, self.log = command, log
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.peak_rss_bytes = 0
+        # The tree's proportional set size, summed every PSS_EVERY samples: RSS counts the pages that
+        # forked processes (Python workers, `photon up`'s run workers) share once per process.
+        self.peak_pss_bytes = 0
         self.peak_breakdown: dict[str, dict[str, int]] = {}  # at the peak: kind -> processes, rss, pss
 
     def start(self) -> "Measured":
@@ -166,8 +172,12 @@ class Measured:
         return self
 
     def _sample(self) -> None:
+        samples = 0
         while self.process.poll() is None:
             tree = process_tree_rss(self.process.pid)
+            if samples % PSS_EVERY == 0:
+                self.peak_pss_bytes = max(self.peak_pss_bytes, sum(proportional_bytes(pid) for pid in tree))
+            samples += 1
             total = sum(tree.values())
             if total > self.peak_rss_bytes:
                 self.peak_rss_bytes = total
@@ -244,6 +254,7 @@ def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600) ->
         "input_bytes": size,
         "input_mb_per_second": round(size / MB / wall, 3),
         "peak_rss_bytes": measured.peak_rss_bytes,
+        "peak_pss_bytes": measured.peak_pss_bytes,
         "peak_memory_by_process": measured.peak_breakdown,
         "bytes_written": written,
         "write_amplification": round(sum(written.values()) / size, 3),
@@ -356,6 +367,7 @@ def run_peer(peer: str, data_dir: Path, out_dir: Path, logs: Path, *options: str
         "wall_to_done_seconds": (round(result["session_start_seconds"] + result["wall_seconds"], 2)
                                  if peer in SESSION_PEERS else measured.wall_seconds),
         "peak_rss_bytes": peak,
+        "peak_pss_bytes": measured.peak_pss_bytes,
         "peak_memory_by_process": measured.peak_breakdown,
         "bytes_written": written,
         "write_amplification": round(written / result["input_bytes"], 3),
@@ -641,6 +653,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         "exit_code": measured.returncode,
         "wall_seconds": measured.wall_seconds,
         "peak_rss_bytes": max(measured.peak_rss_bytes, (output or {}).get("jvm_peak_rss_bytes") or 0),
+        "peak_pss_bytes": measured.peak_pss_bytes,
         "peak_memory_by_process": measured.peak_breakdown,
         ("summary" if photon else "peer"): output,
         "joinable_clicks": len(truth["joinable_click_ids"]),
