@@ -258,14 +258,46 @@ def streaming_session(driver_memory: str = STREAMING_DRIVER_MEMORY,
     return builder.getOrCreate()
 
 
+# The Spark batch join's own session, as its user would start it on this machine for one join of
+# a few hundred MB: the memory the machine can give, and shuffle partitions for 2 cores (Spark's
+# default, 200, is for clusters; adaptive execution is on either way). Not Photon's settings.
+BATCH_DRIVER_MEMORY = "8g"
+BATCH_SHUFFLE_PARTITIONS = 4
+
+
+def batch_session_conf() -> dict[str, str]:
+    return {
+        "spark.master": "local[2]",
+        "spark.app.name": "peer-spark-batch",
+        "spark.driver.memory": BATCH_DRIVER_MEMORY,
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "ERROR",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(BATCH_SHUFFLE_PARTITIONS),
+        "spark.default.parallelism": str(BATCH_SHUFFLE_PARTITIONS),
+    }
+
+
+def batch_session():
+    """The Spark batch peer's own local session (the first one of this process)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder
+    for key, value in batch_session_conf().items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
 def timed_session(spark=None, factory=None):
-    """The given session, or this process's own, started now by factory (default: the project's
-    session, for the Spark batch peer): (session, seconds its start took, None for a given one)."""
+    """The given session, or this process's own, started now by factory (default: the Spark batch
+    peer's): (session, seconds its start took, None for a given one)."""
     if spark is not None:
         return spark, None
-    if factory is None:
-        from resources.spark import delta_session as factory
-
+    factory = factory or batch_session
     started = time.monotonic()
     spark = factory()
     return spark, round(time.monotonic() - started, 3)
@@ -476,7 +508,7 @@ def run_streaming(data_dir: Path, out_dir: Path, datacenter: str = "dc1", waterm
 # -- Spark batch: the same one-shot join on Photon's engine --------------------
 
 def run_spark_batch(data_dir: Path, out_dir: Path, datacenter: str = "dc1", spark=None) -> dict:
-    """DuckDB's batch done by Spark in this project's session: every click and query file read once
+    """DuckDB's batch done by Spark in a session of its own (batch_session): every click and query file read once
     with an explicit schema, clicks deduplicated by click_id, inner join on query_id, one Parquet
     write. Spark's floor for this join on this machine: no state, no exactly-once bookkeeping, no
     incremental progress, the JVM already started (`session_start_seconds` apart)."""
@@ -504,6 +536,8 @@ def run_spark_batch(data_dir: Path, out_dir: Path, datacenter: str = "dc1", spar
     return {
         "peer": "spark_batch",
         "spark_version": spark.version,
+        "settings": {key: spark.conf.get(key, None) for key in
+                     ("spark.master", "spark.driver.memory", "spark.sql.shuffle.partitions")},
         "session_start_seconds": session_start_seconds,
         "wall_seconds": round(wall, 3),
         "joined_rows": joined,
