@@ -50,7 +50,7 @@ def pending_retry_lookups(data_dir: Path) -> tuple[int, int]:
         for record in result.records:
             meta = record.asset_materialization.metadata
             if meta.get("kind") and meta["kind"].value == "pending":
-                looked += meta["clicks_clicks"].value
+                looked += meta["clicks_looked_up"].value
                 joined += meta["clicks_joined"].value
     return looked, joined
 

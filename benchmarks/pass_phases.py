@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.run import commit  # noqa: E402
 
 KINDS = {"query": "query_logs", "click": "joined_clicks", "aggregates": "click_aggregates"}
-COUNTS = ("spark_jobs", "delta_commits", "queries_added", "clicks_clicks", "clicks_joined")
+COUNTS = ("spark_jobs", "delta_commits", "queries_added", "clicks_looked_up", "clicks_joined")
 
 
 def medians(data_dir: Path) -> dict:

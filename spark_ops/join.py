@@ -88,7 +88,7 @@ EVENT_STORE_COUNTS = ("memory_hits", "durable_hits", "logs_hits", "not_found", "
 
 @dataclass
 class JoinStats:
-    clicks: int = 0
+    looked_up: int = 0  # distinct clicks of the unit (new lines and retried pending clicks) looked up
     skipped_registered: int = 0
     memory_hits: int = 0
     durable_hits: int = 0
@@ -117,8 +117,8 @@ class JoinStats:
 
     @property
     def memory_hit_ratio(self) -> float | None:
-        looked_up = self.memory_hits + self.durable_hits + self.logs_hits + self.not_found
-        return round(self.memory_hits / looked_up, 4) if looked_up else None
+        asked = self.memory_hits + self.durable_hits + self.logs_hits + self.not_found
+        return round(self.memory_hits / asked, 4) if asked else None
 
     @property
     def unjoinable(self) -> int:
@@ -241,7 +241,7 @@ def join_work_unit(
         checkpoint("before_registry_commit")
         outcomes = resolve(looked, None, staging / "outcomes")
         mark = stats.timed("lookup_judge_commit", mark)
-        if stats.clicks == 0:
+        if stats.looked_up == 0:
             return stats
         if stats.beyond_memory:
             beyond = outcomes.where(F.col("state") == BEYOND_MEMORY)
@@ -391,7 +391,7 @@ def _resolve(spark: SparkSession, looked: DataFrame, found: DataFrame | None, pa
         committed, path, **counts, pending_outcome=F.count_if(outcome == PENDING),
         refused=F.count_if(status == "refused"), too_old_answer=F.count_if(status == "too_old"))
     if found is None:  # the first call: the states of every click
-        stats.clicks = sum(counted[name] for name in STATES)
+        stats.looked_up = sum(counted[name] for name in STATES)
         stats.skipped_registered, stats.too_old = counted[TAKEN], counted[TOO_OLD]
         stats.memory_hits, stats.not_ingested_yet = counted[IN_MEMORY], counted[NOT_INGESTED]
         stats.not_found = counted[NOT_HELD] + counted[BEYOND_MEMORY] + counted[NOT_INGESTED]

@@ -178,7 +178,7 @@ def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(dat
         second = metadata(materialize(data_dir, instance, click_units, config), "joined_clicks")
         # The new click and the pending one its query arrived for; the other is not due (its writer
         # has not logged up to its query) and stays pending without a lookup.
-        assert (second["clicks_clicks"], second["clicks_joined"], second["clicks_pending"]) == (2, 2, 0)
+        assert (second["clicks_looked_up"], second["clicks_joined"], second["clicks_pending"]) == (2, 2, 0)
         assert second["pending_clicks_in_dc"] == 1 and second["dagster/row_count"] == 2
 
 

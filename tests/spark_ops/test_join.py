@@ -80,7 +80,7 @@ def joined_ids(world) -> list[str]:
 def test_clean_run_joins_each_click_once(world):
     stats = run(world)
     assert joined_ids(world) == sorted(JOINABLE)
-    assert (stats.clicks, stats.joined, stats.pending, stats.refused) == (9, 7, 2, 0)
+    assert (stats.looked_up, stats.joined, stats.pending, stats.refused) == (9, 7, 2, 0)
     row = read_table(world["spark"], "joined_clicks", world["tables"]["joined_clicks"]).where(
         F.col("click_id") == "10.3.0.1:9:2003").first()
     assert row.query.query_id == "10.1.0.1:7:1003" and row.query.ads[0].bid_micros == 500
