@@ -22,7 +22,7 @@ from photon_assets.work_unit import (
 from resources import faults
 from resources.registry import IdRegistryResource
 from resources.settings import PipelineSettings
-from resources.spark import CLICK_PATH_POOL, SparkResource
+from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from resources.stream_state import (
     EventTimeWatermark,
@@ -102,7 +102,7 @@ def join_clicks(
     registry: IdRegistryResource,
     settings: PipelineSettings,
 ):
-    with metered() as meter, spark.jobs_counted(f"{context.run_id}/join_clicks", CLICK_PATH_POOL) as jobs:
+    with metered() as meter, spark.jobs_counted(f"{context.run_id}/join_clicks") as jobs:
         session = spark.session()
         session.conf.get("spark.sql.shuffle.partitions")  # the first call: a Connect client reaches its server here
         start_costs = run_start_costs(context)

@@ -24,8 +24,6 @@ from pyspark.sql import SparkSession
 from resources.layout import REPO_ROOT
 
 DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
-FAIR_SCHEDULER_FILE = Path(__file__).with_name("fair_scheduler.xml")
-CLICK_PATH_POOL, OFF_CLICK_PATH_POOL = "click_path", "off_click_path"
 DELTA_JARS = ("delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar")
 # `sc://HOST:PORT` of the Spark Connect server every run of this deployment uses; unset: local mode.
 SPARK_REMOTE_ENV = "PHOTON_SPARK_REMOTE"
@@ -116,11 +114,6 @@ def local_conf(master: str = "local[2]", shuffle_partitions: int = 4, driver_mem
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.host": "127.0.0.1",
         "spark.ui.enabled": "false",
-        # `photon run` executes click runs beside the runs off the click path on one session: the
-        # click runs' pool takes free task slots first (SparkResource.jobs_counted). A Connect client
-        # cannot name a pool (Spark 4.0), so a Connect server keeps FIFO.
-        "spark.scheduler.mode": "FAIR",
-        "spark.scheduler.allocation.file": str(FAIR_SCHEDULER_FILE),
         **delta_conf(shuffle_partitions),
     }
 
@@ -173,23 +166,21 @@ class SparkResource(LazyPySparkResource):
             return self.spark_session
 
     @contextmanager
-    def jobs_counted(self, group: str, pool: str = OFF_CLICK_PATH_POOL) -> Iterator[Callable[[], dict[str, int]]]:
+    def jobs_counted(self, group: str) -> Iterator[Callable[[], dict[str, int]]]:
         """The Spark jobs this thread starts inside the block (Delta's own included), as run metadata:
-        yields a function giving {"spark_jobs": n}; they run in the scheduler `pool` (fair_scheduler.xml).
-        Local mode only, where the session's status tracker counts them under a job group; a Connect
-        client has no status tracker nor pools, and gives {}."""
+        yields a function giving {"spark_jobs": n}. Local mode only, where the session's status
+        tracker counts them under a job group; a Connect client has no status tracker, and gives {}."""
         session = self.session()
         if self.remote is not None:
             yield dict
             return
         context = session.sparkContext
         context.setJobGroup(group, group)
-        context.setLocalProperty("spark.scheduler.pool", pool)
         try:
             yield lambda: {"spark_jobs": len(context.statusTracker().getJobIdsForGroup(group))}
         finally:
-            for key in ("spark.jobGroup.id", "spark.job.description", "spark.scheduler.pool"):
-                context.setLocalProperty(key, None)
+            context.setLocalProperty("spark.jobGroup.id", None)
+            context.setLocalProperty("spark.job.description", None)
 
 
 def spark_resource_from_env() -> SparkResource:
