@@ -222,15 +222,11 @@ def streaming_conf(shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS) -> di
 STATE_STORE_CONF = streaming_conf()
 
 
-def streaming_session_conf(driver_memory: str = STREAMING_DRIVER_MEMORY,
-                           shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS) -> dict[str, str]:
-    """The static settings of the peer's own local session."""
-    jars = sorted(DELTA_JARS_DIR.glob("delta-spark_2.13-*.jar")) + sorted(DELTA_JARS_DIR.glob("delta-storage-*.jar"))
-    if len(jars) < 2:
-        raise SystemExit(f"Delta jars missing in {DELTA_JARS_DIR}: run scripts/setup.sh first")
+def peer_local_conf(app_name: str, driver_memory: str, parallelism: int) -> dict[str, str]:
+    """What every Spark peer's own local session sets: 2 cores, its memory, quiet, UTC."""
     return {
         "spark.master": "local[2]",
-        "spark.app.name": "peer-structured-streaming",
+        "spark.app.name": app_name,
         "spark.driver.memory": driver_memory,
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.host": "127.0.0.1",
@@ -238,10 +234,32 @@ def streaming_session_conf(driver_memory: str = STREAMING_DRIVER_MEMORY,
         "spark.ui.showConsoleProgress": "false",
         "spark.log.level": "ERROR",
         "spark.sql.session.timeZone": "UTC",
+        "spark.default.parallelism": str(parallelism),
+    }
+
+
+def local_session(conf: dict[str, str]):
+    """This process's first local session, with `conf`."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def streaming_session_conf(driver_memory: str = STREAMING_DRIVER_MEMORY,
+                           shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS) -> dict[str, str]:
+    """The static settings of the peer's own local session."""
+    jars = sorted(DELTA_JARS_DIR.glob("delta-spark_2.13-*.jar")) + sorted(DELTA_JARS_DIR.glob("delta-storage-*.jar"))
+    if len(jars) < 2:
+        raise SystemExit(f"Delta jars missing in {DELTA_JARS_DIR}: run scripts/setup.sh first")
+    return {
+        **peer_local_conf("peer-structured-streaming", driver_memory, shuffle_partitions),
         "spark.jars": ",".join(str(j) for j in jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.default.parallelism": str(shuffle_partitions),
         **streaming_conf(shuffle_partitions),
     }
 
@@ -249,13 +267,7 @@ def streaming_session_conf(driver_memory: str = STREAMING_DRIVER_MEMORY,
 def streaming_session(driver_memory: str = STREAMING_DRIVER_MEMORY,
                       shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS):
     """The peer's own local session (the first one of this process)."""
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder
-    for key, value in streaming_session_conf(driver_memory, shuffle_partitions).items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return local_session(streaming_session_conf(driver_memory, shuffle_partitions))
 
 
 # The Spark batch join's own session, as its user would start it on this machine for one join of
@@ -266,30 +278,13 @@ BATCH_SHUFFLE_PARTITIONS = 4
 
 
 def batch_session_conf() -> dict[str, str]:
-    return {
-        "spark.master": "local[2]",
-        "spark.app.name": "peer-spark-batch",
-        "spark.driver.memory": BATCH_DRIVER_MEMORY,
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.host": "127.0.0.1",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.log.level": "ERROR",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": str(BATCH_SHUFFLE_PARTITIONS),
-        "spark.default.parallelism": str(BATCH_SHUFFLE_PARTITIONS),
-    }
+    return {**peer_local_conf("peer-spark-batch", BATCH_DRIVER_MEMORY, BATCH_SHUFFLE_PARTITIONS),
+            "spark.sql.shuffle.partitions": str(BATCH_SHUFFLE_PARTITIONS)}
 
 
 def batch_session():
     """The Spark batch peer's own local session (the first one of this process)."""
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder
-    for key, value in batch_session_conf().items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return local_session(batch_session_conf())
 
 
 def timed_session(spark=None, factory=None):
