@@ -8,7 +8,7 @@ all its descendants (Python, the JVM, the registry server) every 0.2 s for the p
     python benchmarks/run.py scaling [--base-queries 250000] [--factors 1,2,4,8] [--systems photon,duckdb]
     python benchmarks/run.py live [--rate 1000] [--duration-s 300] [--drain-timeout-s 600] [--systems photon,streaming]
                                   [--mode embedded|daemon]
-    python benchmarks/run.py peer-tuning [--rate 1000] [--duration-s 60] [--systems streaming,flink]
+    python benchmarks/run.py peer-tuning [--rate 1000] [--duration-s 60] [--systems streaming,flink] [--only 0,2] [--name N]
                                          [--settings-per-system N]
     python benchmarks/run.py batch-cost
 
@@ -695,6 +695,7 @@ PEER_TUNING = {
         ("checkpoint 0.5 s", ["--checkpoint-seconds", "0.5"]),
         ("checkpoint 2 s", ["--checkpoint-seconds", "2"]),
         ("heap state backend", ["--state-backend", "hashmap"]),
+        ("heap state backend, checkpoint 2 s", ["--state-backend", "hashmap", "--checkpoint-seconds", "2"]),
     ],
 }
 
@@ -705,6 +706,8 @@ def peer_tuning(args, work: Path) -> dict:
     runs = []
     for system in args.systems:
         for n, (label, options) in enumerate(PEER_TUNING[system][:args.settings_per_system]):
+            if args.only is not None and n not in args.only:
+                continue
             print(f"  {system}: {label} ...", file=sys.stderr, flush=True)
             run = live_run(system, args, work / f"{system}-{n}", live_peer_options(system, args) + options)
             runs.append({"system": system, "setting": label, "options": options,
@@ -1000,6 +1003,9 @@ def main() -> None:
     tuning.add_argument("--systems", type=lambda s: s.split(","), default=["streaming", "flink"])
     tuning.add_argument("--settings-per-system", type=int, default=len(PEER_TUNING["flink"]),
                         help="run only the first N settings of each system (the defaults first)")
+    tuning.add_argument("--only", type=lambda s: [int(n) for n in s.split(",")],
+                        help="run only these settings (positions in each system's list, from 0)")
+    tuning.add_argument("--name", default="peer-tuning", help="result file name (a second sweep)")
     for name, checkpoint in (("backlog", 5.0), ("scaling", 5.0), ("live", 1.0), ("peer-tuning", 1.0)):
         sub = workloads.choices[name]
         sub.add_argument("--flink-watermark-seconds", type=float, default=None,
@@ -1043,7 +1049,7 @@ def main() -> None:
                               for system, run in result["systems"].items()}, indent=2))
         elif args.workload == "peer-tuning":
             result = peer_tuning(args, work)
-            path = write("peer-tuning", result, args)
+            path = write(args.name, result, args)
             print(peer_tuning_table(result))
         else:
             result = batch_cost(args, work)
