@@ -5,7 +5,7 @@
    pipelines would be. Reported per datacenter: clicks looked up, skipped at the dispatcher lookup
    (registered by the other), joined, wasted joins (joined, then refused by the registry) and its
    share of the joins; `wasted_join_share` is Photon's "events processed by both joiners" (under
-   5 % in the paper; resources/ownership.py keeps it near 0).
+   5 % in the paper; resources/registry/ownership.py keeps it near 0).
 2. Failover: live logs (`photon gen --follow`, files rotated every 32 KiB so both datacenters
    always have a share), both datacenters tailing them; dc2's `photon run` is SIGKILLed a while
    after it finished its first work unit. dc1 takes over dc2's share when dc2's lease lapses.
@@ -121,8 +121,8 @@ def both_at_once(work: Path, gen: list[str]) -> dict:
 
 
 def claims(data: Path, address: str) -> list[dict]:
-    """Every claim on the click files (resources/work_claims.py), from the registry."""
-    from resources.registry_service import RemoteIdRegistry
+    """Every claim on the click files (resources/registry/work_claims.py), from the registry."""
+    from resources.registry.client import RemoteIdRegistry
 
     files = sorted(str(p.relative_to(data / "logs" / "dc1" / "click")) for p in (data / "logs" / "dc1" / "click").rglob("*.jsonl"))
     registry = RemoteIdRegistry(address)
@@ -135,7 +135,7 @@ def claims(data: Path, address: str) -> list[dict]:
 def failover(work: Path, seed: int, seconds: float, kill_after: float) -> dict:
     from deltalake import DeltaTable
 
-    from resources.ownership import preferred_dc
+    from resources.registry.ownership import preferred_dc
 
     data = work / "failover"
     gen = subprocess.Popen([*PHOTON, "gen", "--data-dir", str(data), "--follow", "--rate", "100", "--duration-s",

@@ -36,7 +36,7 @@ _registries: dict = {}
 
 
 def _registry(address: str):
-    from resources.registry_service import RemoteIdRegistry
+    from resources.registry.client import RemoteIdRegistry
 
     if address not in _registries:
         _registries[address] = RemoteIdRegistry(address)
@@ -51,7 +51,7 @@ def client(address: str, batch: int, requests: int, start_at: float, deadline: f
     """Commits `requests` batches of fresh ids under one token; returns per-request latencies."""
     import pyarrow as pa
 
-    from resources.registry_shards import now_us
+    from resources.registry.shards import now_us
 
     registry = _registry(address)
     token = f"bench-{uuid.uuid4().hex}"
@@ -115,7 +115,7 @@ def run_cell(pool, address: str, clients: int, batch: int) -> dict:
 
 
 def main() -> None:
-    import resources.registry_service  # noqa: F401  (imported once here, inherited by the forked clients)
+    import resources.registry.service  # noqa: F401  (imported once here, inherited by the forked clients)
 
     # Forked before this process opens any gRPC channel (it never does: workers talk to the server).
     pool = multiprocessing.get_context("fork").Pool(max(CLIENTS))

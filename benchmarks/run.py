@@ -279,7 +279,7 @@ def joined_rows(table: Path) -> int:
 
 def photon_up(data_dir: Path, logs: Path, env: dict | None = None) -> Measured:
     """`photon up` on the data directory (the daemon deployment), once its UI answers."""
-    from resources.spark_connect import free_port
+    from resources.runtime.spark_connect import free_port
 
     measured = Measured(photon_command("up", "--data-dir", str(data_dir), "--port", str(free_port())),
                         logs / "photon-up.log", env).start()
@@ -311,7 +311,7 @@ def daemon_runs(data_dir: Path) -> list[dict]:
     import dagster as dg
 
     from photon.runner import headless_instance
-    from resources.layout import DataLayout
+    from resources.state.layout import DataLayout
 
     instance = headless_instance(DataLayout(data_dir))
     runs = {r.dagster_run.run_id: r for r in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))}
@@ -490,8 +490,8 @@ def scaling(args, work: Path) -> dict:
 def undispatched_bytes(data_dir: Path, dc: str = "dc1") -> dict[str, int]:
     """Per stream: bytes on disk that the dispatcher has not yet cut into a work unit."""
     from benchmarks.peers import stream_dir
-    from resources.layout import DataLayout
-    from resources.work_unit_log import WorkUnitLog
+    from resources.state.layout import DataLayout
+    from resources.state.work_unit_log import WorkUnitLog
 
     out = {}
     for stream in ("query", "click"):

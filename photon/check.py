@@ -17,7 +17,7 @@ import json
 import logging
 
 from photon.check_outcomes import CheckOutcome, outcomes
-from resources.layout import DataLayout
+from resources.state.layout import DataLayout
 
 CHECK_TAGS = {"photon/kind": "check"}
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from photon import gen
-from resources.layout import DataLayout
+from resources.state.layout import DataLayout
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -243,7 +243,7 @@ def command_check(args) -> int:
 
 
 def command_spark_connect(args) -> int:
-    from resources.spark_connect import server_command, server_environment
+    from resources.runtime.spark_connect import server_command, server_environment
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port {args.port} is not a port number")
@@ -256,8 +256,8 @@ def command_spark_connect(args) -> int:
 def command_event_store(args) -> int:
     from photon.query_tail import TailSettings, tail_forever
     from photon.tailers import die_with_parent_named_in_env
-    from resources.registry_api import ADDRESS_ENV, SECRET_ENV
-    from resources.registry_service import RemoteIdRegistry
+    from resources.registry.api import ADDRESS_ENV, SECRET_ENV
+    from resources.registry.client import RemoteIdRegistry
 
     if args.settings:
         settings = TailSettings(**json.loads(args.settings))
@@ -282,8 +282,9 @@ def command_event_store(args) -> int:
 
 
 def command_registry(args) -> int:
-    from resources.registry_api import SECRET_ENV
-    from resources.registry_service import RemoteIdRegistry, serve
+    from resources.registry.api import SECRET_ENV
+    from resources.registry.client import RemoteIdRegistry
+    from resources.registry.service import serve
 
     secret = os.environ.get(SECRET_ENV) or None
     if args.registry_command == "serve":
@@ -295,7 +296,7 @@ def command_registry(args) -> int:
         serve(args.data_dir, args.host, args.port, args.shards, args.gc_threshold_days, secret, args.ready_file)
         return 0
     # The one-line error below is the report; per-attempt retry warnings would only repeat it.
-    logging.getLogger("resources.registry_service").setLevel(logging.ERROR)
+    logging.getLogger("resources.registry.service").setLevel(logging.ERROR)
     registry = RemoteIdRegistry(args.address, secret, timeout_seconds=10, max_attempts=3)
     try:
         if args.registry_command == "stats":

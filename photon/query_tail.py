@@ -7,14 +7,14 @@ reads the complete query lines appended since it last read, parses them with the
 parser (spark_ops/parse.py: `parse_chunks`, so a line it holds is one the query runs accept; bad
 lines are left to the query runs' quarantine) and puts the valid ones into the memory tier in one
 call that also records, in the registry service, where it read each file to and each writer's newest
-query time (resources/recent_queries.py: `put_tailed`). A click run's lookup vouches for a miss by
+query time (resources/event_store/memory_tier.py: `put_tailed`). A click run's lookup vouches for a miss by
 those writer times, so clicks never wait for a query run: query runs still build the durable tier
 (`query_logs`, `log_file_map`) at their own cadence, off the click path.
 
 Restarted after a crash, it goes on from the offsets the registry service holds; a registry service
 that restarted holds none, and the tailer reads the logs again from their first byte (the memory
 tier keeps lines of `query_memory_seconds` and locates older queries at ~60 bytes each). It mirrors
-its progress into the data directory for the dispatchers (resources/stream_state.py: `QueryTail`,
+its progress into the data directory for the dispatchers (resources/state/sidecars.py: `QueryTail`,
 the writers' times as `QueryProgress`, and an event-time watermark), which pace the click lines by it
 while it is fresh. Correctness never depends on it: a click whose query it has not put stays pending
 (or is looked up in the durable and logs tiers), and the registry decides every click.
@@ -33,11 +33,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.layout import DataLayout
-from resources.registry_api import IdRegistry
-from resources.stream_state import EventTimeWatermark, QueryProgress, QueryTail
-from resources.watermark import SKETCH_FRACTIONS
-from resources.work_unit_log import new_ranges
+from resources.state.layout import DataLayout
+from resources.registry.api import IdRegistry
+from resources.event_store.progress import QueryProgress, QueryTail
+from resources.state.sidecars import EventTimeWatermark
+from resources.state.watermark import SKETCH_FRACTIONS
+from resources.state.work_unit_log import new_ranges
 from spark_ops.parse import CHUNK_FIELDS, TEXT_FIELDS, parse_chunks
 from spark_ops.schemas import PARSED, arrow_schema
 

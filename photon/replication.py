@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from resources.layout import STREAMS
+from resources.state.layout import STREAMS
 
 _BLOCK_BYTES = 1 << 20
 # A target file must equal the source in (at least) this many of its last bytes.

@@ -38,14 +38,14 @@ from photon.dagster_internals import (
 from photon.run_processes import kill_run_process
 from photon.query_tail import TailSettings
 from photon.tailers import QueryTailers
-from resources.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
+from resources.state.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from photon.summary import summarize
-from resources.registry import ADDRESS_ENV, registry_resource_from_env
+from resources.id_registry import ADDRESS_ENV, registry_resource_from_env
 from resources.spark import spark_session
 from resources.settings import pipeline_settings
-from resources.repeating import repeated
-from resources.work_claims import leases_held
-from resources.work_unit_log import WorkUnitLog, new_ranges
+from resources.runtime.repeating import repeated
+from resources.registry.work_claims import leases_held
+from resources.state.work_unit_log import WorkUnitLog, new_ranges
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from sensors.freshness import FRESHNESS_SENSOR
 from sensors.upkeep import AGGREGATES_SENSOR, MAINTENANCE_SENSOR
@@ -259,7 +259,7 @@ def registry_service(layout: DataLayout, log: logging.Logger):
             time.sleep(1.0)
         address = ready.read_text().strip()
         log.info("local registry service at %s", address)
-        # Runs and the summary pick the service up from here (resources/registry.py).
+        # Runs and the summary pick the service up from here (resources/id_registry.py).
         os.environ[ADDRESS_ENV] = address
         try:
             yield server
@@ -295,7 +295,7 @@ def query_tailers(layout: DataLayout, datacenters: list[str], log: logging.Logge
 
 @contextmanager
 def datacenter_leases(layout: DataLayout, datacenters: list[str], log: logging.Logger):
-    """These datacenters' leases in the registry (resources/ownership.py), held while the pipeline
+    """These datacenters' leases in the registry (resources/registry/ownership.py), held while the pipeline
     runs: once one lapses, the other datacenters take over its share of the click lines."""
     registry = registry_resource_from_env(str(layout.root)).get()
     with leases_held(registry, datacenters, pipeline_settings().lease_seconds, log):

@@ -6,9 +6,9 @@ import time
 import dagster as dg
 
 from photon_assets.work_unit import work_units_failed_for_good
-from resources.layout import TABLES, DataLayout
+from resources.state.layout import TABLES, DataLayout
 from resources.spark import spark_session
-from resources.stream_state import EventTimeWatermark
+from resources.state.sidecars import EventTimeWatermark
 from spark_ops.join import CAPPED_REASON, EVENT_STORE_COUNTS
 from spark_ops.tables import delta_rows, duckdb_over, one_row, row_count
 
@@ -16,7 +16,7 @@ from spark_ops.tables import delta_rows, duckdb_over, one_row, row_count
 def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterInstance,
               clicks_pending: int | None) -> dict:
     """Lines and clicks are counted over every datacenter, each log line once by its file and offset
-    (replicas hold the same bytes, and each datacenter reads only its share: resources/ownership.py);
+    (replicas hold the same bytes, and each datacenter reads only its share: resources/registry/ownership.py);
     queries ingested, runs and their costs are this process's datacenters'. `clicks_pending`: as the
     last verification counted them (photon/runner.py: pending_clicks)."""
     spark = spark_session()
@@ -50,7 +50,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
 
 def watermarks(layout: DataLayout, datacenters: list[str]) -> dict:
     """Per datacenter and stream: the event-time watermark, its lag behind the wall clock, and its
-    accuracy over every pass so far (resources/watermark.py)."""
+    accuracy over every pass so far (resources/state/watermark.py)."""
     now_us = time.time_ns() // 1000
     marks = {dc: {stream: EventTimeWatermark.load(layout.watermark_file(dc, stream)) for stream in ("query", "click")}
              for dc in datacenters}

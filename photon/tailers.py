@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from resources.layout import REPO_ROOT, DataLayout
+from resources.state.layout import REPO_ROOT, DataLayout
 
 
 # Set in a tailer's environment to its parent's pid: the tailer asks the kernel for SIGTERM when that

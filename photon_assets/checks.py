@@ -16,8 +16,8 @@ import dagster as dg
 import duckdb
 
 from photon_assets.work_unit import work_units_in_flight
-from resources.registry import IdRegistryResource
-from resources.registry_shards import SCAN_SCHEMA
+from resources.id_registry import IdRegistryResource
+from resources.registry.shards import SCAN_SCHEMA
 from resources.settings import PipelineSettings
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import compared_with_joined

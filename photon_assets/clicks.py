@@ -20,18 +20,13 @@ from photon_assets.work_unit import (
     unit_to_run,
 )
 from resources import faults
-from resources.registry import IdRegistryResource
+from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from resources.stream_state import (
-    EventTimeWatermark,
-    PendingDigest,
-    QueryCache,
-    QueryProgress,
-    known_query_progress,
-    pending_retry_decision,
-)
+from resources.event_store.progress import QueryCache, QueryProgress, known_query_progress
+from resources.state.sidecars import EventTimeWatermark
+from spark_ops.pending import PendingDigest, pending_retry_decision
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import IngestStats, ingest_clicks, stage_lines
@@ -237,7 +232,7 @@ def join_pass(
     meter.phase("pending_digest")
     if config.kind == LOG_RANGES:
         # Last, once everything is written: other datacenters skip these bytes from now on
-        # (resources/ownership.py); a crash before it leaves them waiting for this unit's retry.
+        # (resources/registry/ownership.py); a crash before it leaves them waiting for this unit's retry.
         registry.get().finish_work(config.work_unit, pending=stats.pending > 0)
         meter.phase("finish_work")
     return ingest, stats, digest

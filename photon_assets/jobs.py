@@ -9,7 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 from photon_assets.checks import ALL_CHECKS
-from resources.registry import registry_mode_from_env
+from resources.id_registry import registry_mode_from_env
 
 INGEST_QUERIES_JOB = "ingest_queries"
 JOIN_CLICKS_JOB = "join_clicks_job"

@@ -10,11 +10,12 @@ from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
 from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_start_costs, unit_to_run
-from resources.registry import IdRegistryResource
+from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from resources.stream_state import EventTimeWatermark, QueryCache, QueryProgress, durable_tier_boundary_us
+from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
+from resources.state.sidecars import EventTimeWatermark
 from spark_ops.ingest import IngestStats, ingest_queries, line_stats, stage_queries
 from spark_ops.meter import PassMeter, metered
 from spark_ops.registry_calls import QueryPut
@@ -87,7 +88,7 @@ def ingest_query_logs(
             **common,
             "dagster/row_count": cached_rows,
             "queries_added": stats.events,
-            # The EventStore's memory tier after this pass (resources/recent_queries.py).
+            # The EventStore's memory tier after this pass (resources/event_store/memory_tier.py).
             "memory_tier_queries": memory.get("rows", 0),
             "memory_tier_located_queries": memory.get("located_rows", 0),  # held without their line
             "memory_tier_bytes": memory.get("bytes", 0),

@@ -1,4 +1,4 @@
-"""Each stream's event-time watermark (resources/watermark.py), moved by every pass of a run and shown
+"""Each stream's event-time watermark (resources/state/watermark.py), moved by every pass of a run and shown
 on the asset the pass materializes."""
 
 import time
@@ -7,7 +7,7 @@ import dagster as dg
 
 from resources.settings import PipelineSettings
 from resources.storage import WarehouseResource
-from resources.stream_state import EventTimeWatermark
+from resources.state.sidecars import EventTimeWatermark
 from spark_ops.ingest import IngestStats
 
 

@@ -9,10 +9,10 @@ import time
 import dagster as dg
 from pydantic import Field
 
-from resources.layout import DataLayout
-from resources.ownership import claim_units, divide_clicks, shared_among_datacenters
+from resources.state.layout import DataLayout
+from resources.registry.ownership import claim_units, divide_clicks, shared_among_datacenters
 from resources.settings import PipelineSettings, pipeline_settings
-from resources.work_unit_log import WorkUnit, WorkUnitLog, new_ranges, skipped_unit
+from resources.state.work_unit_log import WorkUnit, WorkUnitLog, new_ranges, skipped_unit
 from spark_ops.parse import ByteRange
 
 LOG_RANGES = "log_ranges"  # newly arrived bytes of log files

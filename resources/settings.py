@@ -39,7 +39,7 @@ class PipelineSettings(dg.ConfigurableResource):
     retry_backoff_seconds: float = 2.0
     retry_backoff_max_seconds: float = 300.0
     max_attempts: int = 8
-    # EventStore memory tier (Photon §3.4.1, resources/recent_queries.py): the registry service holds
+    # EventStore memory tier (Photon §3.4.1, resources/event_store/memory_tier.py): the registry service holds
     # the lines of this much event time behind the newest query, and older queries by where their
     # line lies in the logs (~60 bytes a query, ~400 with the line), within this many bytes per
     # datacenter: over it, the oldest give up their lines, then leave. Clicks follow their query by
@@ -77,7 +77,7 @@ class PipelineSettings(dg.ConfigurableResource):
     # progress and has been looked up at least this many times.
     unjoinable_after_seconds: float = 86400.0
     unjoinable_min_attempts: int = 2
-    # Event-time watermark (Facebook §5.3, resources/watermark.py): this percentile of the event
+    # Event-time watermark (Facebook §5.3, resources/state/watermark.py): this percentile of the event
     # times of the most recent window of passes, at the smallest window size (in passes, doubling up
     # to max_passes held) at which the last `windows` windows ascend.
     watermark_percentile: float = 5.0
@@ -91,7 +91,7 @@ class PipelineSettings(dg.ConfigurableResource):
     # clicks of the last half minute through, whose queries are mostly ingested already.
     pacing_margin_seconds: float = 30.0
     pacing_max_hold_seconds: float = 600.0
-    # Active-active (resources/ownership.py): a datacenter's lease in the registry lasts this long and
+    # Active-active (resources/registry/ownership.py): a datacenter's lease in the registry lasts this long and
     # is renewed every quarter of it; once it has expired, the other datacenters take over its share
     # of the click lines. A live datacenter's share that waits at the same offset for the grace
     # (its owner is stuck) is taken over too.
@@ -102,7 +102,7 @@ class PipelineSettings(dg.ConfigurableResource):
     future_tolerance_seconds: float = 300.0
     before_query_tolerance_seconds: float = 60.0
     takeover_grace_seconds: float = 120.0
-    # Per-query click cap (Facebook §6.6, resources/click_caps.py): past this many joined clicks, a
+    # Per-query click cap (Facebook §6.6, resources/registry/click_caps.py): past this many joined clicks, a
     # query's further clicks are unjoinable with reason "capped". 0: no cap.
     max_clicks_per_query: int = 0
 

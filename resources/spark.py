@@ -1,7 +1,7 @@
 """Spark with Delta Lake, in one of two modes chosen by configuration:
 
 - local: an in-process session (`local[2]`), created once per process and shared by every run in it;
-- connect: a client of a long-lived Spark Connect server (resources/spark_connect.py starts one), so
+- connect: a client of a long-lived Spark Connect server (resources/runtime/spark_connect.py starts one), so
   a run in a process of its own pays ~0.3 s to connect instead of a JVM start.
 
 The pipeline's code is the same in both: DataFrames, Delta through SQL and writer options, no
@@ -21,7 +21,7 @@ from pathlib import Path
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
-from resources.layout import REPO_ROOT
+from resources.state.layout import REPO_ROOT
 
 DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
 DELTA_JARS = ("delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from resources.layout import TABLES, DataLayout
+from resources.state.layout import TABLES, DataLayout
 
 
 class WarehouseResource(dg.ConfigurableResource):

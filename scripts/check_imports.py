@@ -13,8 +13,10 @@ Every `import` statement counts, at any depth: module level, inside functions, u
 run time (`importlib.import_module`, a `module:function` setting, a module name handed to Dagster)
 are not seen.
 
-Prints every import cycle between packages, every import cycle between modules, and every import
-that goes up the layering, then a one-line summary. Exit status 1 if any was found, else 0.
+Prints each package (and subpackage, such as resources.registry) bottom to top with its modules,
+the layers it may import and the packages it does import; then every import cycle between packages,
+every import cycle between modules, and every import that goes up the layering, then a one-line
+summary. Exit status 1 if any was found, else 0.
 `--graph` also prints both import graphs. Standard library only.
 """
 
@@ -36,7 +38,7 @@ MAX_CYCLES = 500  # per graph; more are counted, not printed
 @dataclass(frozen=True)
 class Import:
     source: str  # importing module, e.g. "photon_assets.clicks"
-    target: str  # imported module of the project, e.g. "resources.faults"
+    target: str  # imported module of the project, e.g. "resources.runtime.faults"
     path: str  # file, relative to the repository
     line: int
     nested: bool  # inside a function or class body, not at module level
@@ -66,7 +68,7 @@ def project_modules(root: Path) -> dict[str, Path]:
 
 def resolve(name: str, modules: dict[str, Path]) -> str | None:
     """The project module `name` refers to: itself, or its closest enclosing module (an attribute
-    of a module, such as `resources.layout.DataLayout`); None outside the project."""
+    of a module, such as `resources.state.layout.DataLayout`); None outside the project."""
     parts = name.split(".")
     while parts:
         candidate = ".".join(parts)
@@ -113,7 +115,7 @@ class ImportCollector(ast.NodeVisitor):
         else:
             stem = node.module or ""
         for alias in node.names:
-            # `from resources import faults` imports the module resources.faults when there is one.
+            # `from resources import faults` imports the module resources.runtime.faults when there is one.
             target = resolve(f"{stem}.{alias.name}", self.modules) if alias.name != "*" else None
             self._add(target or resolve(stem, self.modules), node)
 
@@ -157,6 +159,33 @@ def elementary_cycles(graph: dict[str, set[str]], limit: int) -> tuple[list[list
                 on_path.discard(path.pop())
     cycles.sort(key=lambda cycle: (len(cycle), cycle))
     return cycles, total
+
+
+def package_path(module: str, modules: dict[str, Path]) -> str:
+    """The (sub)package a module belongs to: `resources.registry` for resources.registry.shards,
+    `resources` for resources.spark, the package itself for a package's `__init__`."""
+    if modules[module].name == "__init__.py" or "." not in module:
+        return module
+    return module.rsplit(".", 1)[0]
+
+
+def print_packages(modules: dict[str, Path], imports: list[Import]) -> None:
+    """Per (sub)package, bottom to top: its modules, what the layering lets it import, what it imports."""
+    members: dict[str, list[str]] = defaultdict(list)
+    for module in modules:
+        if modules[module].name != "__init__.py":
+            members[package_path(module, modules)].append(module.rsplit(".", 1)[-1])
+    uses: dict[str, set[str]] = defaultdict(set)
+    for imp in imports:
+        source, target = package_path(imp.source, modules), package_path(imp.target, modules)
+        if source != target:
+            uses[source].add(target)
+    print("packages, bottom to top: modules; may import; imports")
+    for package in sorted(members, key=lambda p: (LAYER[package_of(p)], p)):
+        allowed = ", ".join(LAYERS[: LAYER[package_of(package)] + 1])
+        print(f"  {package}: {', '.join(sorted(members[package]))}")
+        print(f"      may import: {allowed}")
+        print(f"      imports: {', '.join(sorted(uses[package], key=lambda p: (LAYER[package_of(p)], p))) or '(nothing)'}")
 
 
 def where(imports: list[Import], source: str, target: str, by_package: bool) -> str:
@@ -205,6 +234,7 @@ def main() -> int:
             print(f"  {module} -> {', '.join(sorted(module_graph[module])) or '(nothing)'}")
         print()
 
+    print_packages(modules, imports)
     package_cycles, package_total = elementary_cycles(package_graph, MAX_CYCLES)
     module_cycles, module_total = elementary_cycles(module_graph, MAX_CYCLES)
     upward = sorted(

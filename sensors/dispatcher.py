@@ -2,10 +2,10 @@
 
 Per datacenter: a query log dispatcher, a click log dispatcher, and a pending-click dispatcher that
 retries clicks still waiting for their query once new query data has been ingested. With several
-replicas, the click log dispatcher cuts only its datacenter's share (resources/ownership.py).
+replicas, the click log dispatcher cuts only its datacenter's share (resources/registry/ownership.py).
 
 Cursors are small JSON documents with a version field. The byte offsets themselves live in the
-work unit log (resources/work_unit_log.py), written before the runs are requested; the cursor records
+work unit log (resources/state/work_unit_log.py), written before the runs are requested; the cursor records
 how much of that log has been requested, so a tick interrupted in between re-requests the same work
 units under the same run keys (which the daemon de-duplicates).
 """
@@ -32,19 +32,14 @@ from photon_assets.work_unit import (
     work_units_failed_for_good,
     work_units_in_flight,
 )
-from resources.layout import DataLayout
-from resources.ownership import claim_units, divide_clicks, shared_among_datacenters
-from resources.registry import IdRegistryResource
+from resources.state.layout import DataLayout
+from resources.registry.ownership import claim_units, divide_clicks, shared_among_datacenters
+from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
-from resources.stream_state import (
-    EventTimeWatermark,
-    PendingDigest,
-    QueryTail,
-    RetryDecision,
-    known_query_progress,
-    pending_retry_decision,
-)
-from resources.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
+from resources.event_store.progress import QueryTail, known_query_progress
+from resources.state.sidecars import EventTimeWatermark
+from spark_ops.pending import PendingDigest, RetryDecision, pending_retry_decision
+from resources.state.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 from sensors.retries import plan_retries
 
 CURSOR_VERSION = 1
@@ -143,7 +138,7 @@ def pace_clicks(
 ) -> Pacing:
     """Stream synchronisation (Facebook §5.2): while query data that will advance the query
     stream waits, click lines more than `pacing_margin_seconds` ahead of its event-time watermark
-    (resources/watermark.py) are not cut yet. Cut now, their queries would not be found and they would take the longer way
+    (resources/state/watermark.py) are not cut yet. Cut now, their queries would not be found and they would take the longer way
     through pending-click retries. A file's held lines are released once they have been held at
     the same place for `pacing_max_hold_seconds` (a bogus future timestamp must not hold a file for
     good); nothing is held while no query data waits (a stalled or lagging query stream)."""
@@ -212,7 +207,7 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
         "failed work units are retried under a new run key with backoff."
         + (" Click lines ahead of the query stream's event-time watermark wait while query data is being ingested "
            "(pacing). With several replicas, only this datacenter's share of the click files, and the "
-           "share of one whose lease lapsed (resources/ownership.py)." if stream == "click" else ""),
+           "share of one whose lease lapsed (resources/registry/ownership.py)." if stream == "click" else ""),
     )
     def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings,
                     registry: IdRegistryResource) -> dg.SensorResult:

@@ -28,9 +28,9 @@ from photon_assets.work_unit import (
     catch_up_config,
     failed_latest_attempts,
 )
-from resources.layout import DataLayout
+from resources.state.layout import DataLayout
 from resources.settings import PipelineSettings
-from resources.work_unit_log import WorkUnitLog
+from resources.state.work_unit_log import WorkUnitLog
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The EventStore (Photon §3.4): finds the query of each click, in three tiers.
 
 1. Memory tier: the recent query lines of the datacenter, held by the registry service
-   (resources/recent_queries.py); past its byte budget, the older ones only located (file, offset,
+   (resources/event_store/memory_tier.py); past its byte budget, the older ones only located (file, offset,
    length), their lines read back from the logs by the asking task. A click run's executors ask it
    along with the registry lookup (spark_ops/registry_calls.py: lookup_clicks); almost every click
    of a live stream is answered there. A miss newer than its horizon, of a writer ingested past the

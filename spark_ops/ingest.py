@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.watermark import SKETCH_FRACTIONS
+from resources.state.watermark import SKETCH_FRACTIONS
 from spark_ops.handoff import materialize, unstage
 from spark_ops.parse import TEXT_FIELDS, ByteRange, events, parse_ranges, quarantined
 from spark_ops.registry_calls import QueryPut
@@ -38,7 +38,7 @@ class IngestStats:
     future_events: int = 0  # valid, but from the future: they move no timestamp (spark_ops/validity.py)
     bytes_read: int = 0
     max_timestamp_us: int | None = None
-    # For the stream's watermark (resources/watermark.py): the sketch of the event times not from the
+    # For the stream's watermark (resources/state/watermark.py): the sketch of the event times not from the
     # future, and how many of those are at or after the watermark the pass read first.
     sketch: list[int] | None = None
     at_or_after_watermark: int = 0

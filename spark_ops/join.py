@@ -5,10 +5,10 @@ deduplicated, go through
 1. lookup: one call per partition to the registry service, which answers with each click's registry
    entry (the dispatcher lookup: a click registered under another token is skipped; one older than
    the registry's GC boundary is unjoinable, too old) and its query's line and time if the
-   EventStore's memory tier holds it (resources/recent_queries.py);
+   EventStore's memory tier holds it (resources/event_store/memory_tier.py);
 2. judge: each click's outcome: joined, invalid timestamp (spark_ops/validity.py), given up or
    still pending (spark_ops/pending.py); with an adapter (business logic over (click, query) pairs
-   that may alter or drop rows) or the per-query cap (resources/click_caps.py), the joined pairs
+   that may alter or drop rows) or the per-query cap (resources/registry/click_caps.py), the joined pairs
    are refined in a second job;
 3. commit: every id this work unit resolves, conditionally registered with its token, by the same
    tasks;
@@ -40,7 +40,7 @@ import pyarrow.dataset as ds
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from resources.registry_api import IdRegistry
+from resources.registry.api import IdRegistry
 from spark_ops.event_store import EventStore, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
@@ -342,7 +342,7 @@ def _judged(looked: DataFrame, found: DataFrame | None, token: str, pending: Pen
 def _refined(spark: SparkSession, judged: DataFrame, registry: IdRegistry, token: str, adapter: Adapter, cap: int,
              staging: Path) -> DataFrame:
     """The joined pairs, as (click, query) rows, through the adapter (business logic that may alter or
-    drop rows: dropped ones are unjoinable) and the per-query cap (resources/click_caps.py: those past
+    drop rows: dropped ones are unjoinable) and the per-query cap (resources/registry/click_caps.py: those past
     their query's grant are unjoinable as capped); the other rows as they were."""
     def outcome(df: DataFrame, name: str, reason: str | None = None) -> DataFrame:
         return (df.withColumn("outcome", F.lit(name)).withColumn("reason", F.lit(reason).cast("string"))

@@ -40,7 +40,7 @@ LOOKUP_CHUNK_FIELDS = T.StructType(
 )
 ROWS_PER_BATCH = 8192
 # What a query line's text goes with to a text sink (parse_chunks): the memory tier's piece
-# (resources/recent_queries.py: PIECE_SCHEMA).
+# (resources/event_store/memory_tier.py: PIECE_SCHEMA).
 TEXT_FIELDS = ["query_id", "timestamp_us", "line", "file", "offset", "length"]
 SNIPPET_CHARS = 200
 

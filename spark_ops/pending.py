@@ -19,7 +19,7 @@ stands (`current_pending`); table maintenance rewrites the log down to the curre
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import deltalake
@@ -31,7 +31,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from resources.stream_state import PendingDigest, QueryProgress
+from resources.event_store.progress import QueryProgress
+from resources.state.sidecars import load_document, locked, write_document
 from spark_ops.event_store import event_id_parts
 from spark_ops.handoff import unstage
 from spark_ops.schemas import arrow_schema, literal_frame
@@ -46,6 +47,65 @@ PROGRESS_SCHEMA = T.StructType(
     ]
 )
 COLUMNS = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
+
+
+@dataclass
+class PendingDigest:
+    """What a datacenter's pending clicks wait for, summarised when the last click run finished (a
+    document of resources/state/sidecars.py, read by the dispatchers on every tick): per query
+    writer, the smallest query timestamp not yet covered and the writer's backfills then; the oldest
+    pending click (for the unjoinable age); and when clicks that could be joined now leave their
+    retry backoff."""
+
+    pending: int = 0
+    # writer -> [smallest query timestamp a pending click needs beyond that writer's progress, the
+    # writer's backfills when those clicks were last looked up]
+    needs: dict[str, list] = field(default_factory=dict)
+    oldest_ts: int | None = None  # oldest pending click (event time)
+    retry_at: float | None = None  # when clicks joinable with the data present leave their backoff
+    stream_ts: int = 0  # the query stream's progress the digest was made with
+    updated_at: float = 0.0
+
+    @classmethod
+    def load(cls, path: Path) -> "PendingDigest":
+        return load_document(cls, path)
+
+    def save(self, path: Path) -> None:
+        with locked(path):
+            write_document(path, asdict(self))
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    ready: bool
+    reason: str
+    wait_until: float | None = None  # a retry will be due then, with the data present
+
+
+def pending_retry_decision(
+    digest: PendingDigest, progress: QueryProgress, unjoinable_after_seconds: float, now: float | None = None
+) -> RetryDecision:
+    """Whether a pending-click retry could join (or finally give up on) a click now. Retries happen
+    only when query data that could hold a pending click's query has arrived, no sooner than the
+    clicks' backoff allows; never in a loop while no query data arrives."""
+    now = time.time() if now is None else now
+    if digest.pending == 0:
+        return RetryDecision(False, "no pending clicks")
+    for writer, (needed_ts, backfills) in digest.needs.items():
+        known = progress.writers.get(writer)
+        if known is not None and ((needed_ts is not None and known.max_ts >= needed_ts) or known.backfills > backfills):
+            return RetryDecision(True, f"query writer {writer} has new data for pending clicks")
+    # Clicks that had reached the age when the digest was made are covered by retry_at.
+    stream_ts = progress.max_ts
+    if (digest.oldest_ts is not None and stream_ts is not None and stream_ts > digest.stream_ts
+            and stream_ts - digest.oldest_ts >= unjoinable_after_seconds * 1e6):
+        return RetryDecision(True, "pending clicks reached the unjoinable age")
+    if digest.retry_at is not None:
+        if now >= digest.retry_at:
+            return RetryDecision(True, "pending clicks left their retry backoff")
+        return RetryDecision(False, f"pending clicks in retry backoff for {digest.retry_at - now:.1f} s more",
+                             wait_until=digest.retry_at)
+    return RetryDecision(False, f"{digest.pending} pending click(s) wait for query data that could hold their queries")
 
 
 def current_pending(records: DataFrame) -> DataFrame:
@@ -167,7 +227,7 @@ class PendingPolicy:
         )
 
     def digest(self, path: str, dc: str) -> PendingDigest:
-        """What this datacenter's pending clicks now wait for (resources/stream_state.py)."""
+        """What this datacenter's pending clicks now wait for (PendingDigest)."""
         ready = self._ready(path, dc)
         if ready is None:
             return PendingDigest(stream_ts=self.progress.max_ts or 0, updated_at=time.time())

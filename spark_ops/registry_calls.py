@@ -1,5 +1,5 @@
 """Calls to the registry service for a DataFrame's rows, as Arrow batches: id lookups and commits,
-the per-query click cap, and the EventStore's memory tier (resources/recent_queries.py).
+the per-query click cap, and the EventStore's memory tier (resources/event_store/memory_tier.py).
 
 With the registry service, each Spark task sends its partition to the server itself (no round trip
 through the driver); a task retried by Spark repeats its call, which the service answers the same
@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from resources.recent_queries import read_located
-from resources.registry_api import IdRegistry
+from resources.event_store.memory_tier import read_located
+from resources.registry.api import IdRegistry
 from spark_ops.handoff import materialize, stage, unstage
 from spark_ops.schemas import arrow_schema
 
@@ -34,7 +34,7 @@ LOOKUP_FIELDS = [
     T.StructField("registry_token", T.StringType()),
     T.StructField("query_timestamp_us", T.LongType()),
     T.StructField("line", T.StringType()),
-    # The memory tier's horizon when the task had looked its clicks up (resources/recent_queries.py).
+    # The memory tier's horizon when the task had looked its clicks up (resources/event_store/memory_tier.py).
     T.StructField("memory_horizon_ts", T.LongType()),
     # Once a query tailer feeds the memory tier: the newest time of the query's writer it had put
     # before the lookup (-1: none of that writer yet); null while query runs feed it.
@@ -145,7 +145,7 @@ def _held_by_the_tailer(lines: pa.Table) -> None:
 @dataclass(frozen=True)
 class QueryPut:
     """One attempt of a query work unit putting its valid lines into `dc`'s memory tier
-    (resources/recent_queries.py): each task that parses a share of them puts that share as a piece
+    (resources/event_store/memory_tier.py): each task that parses a share of them puts that share as a piece
     of its own, keyed by the task's partition (a retried task replaces its piece)."""
 
     registry: IdRegistry
@@ -193,7 +193,7 @@ class QueryPut:
 def grant_clicks(spark: SparkSession, registry: IdRegistry, wanted: DataFrame, token: str, cap: int,
                  staging: Path) -> DataFrame:
     """`wanted`: query_id, wanted, one row per query. Answer: query_id, granted (the per-query click
-    cap: resources/click_caps.py)."""
+    cap: resources/registry/click_caps.py)."""
     return _call(spark, registry, wanted, lambda registry, table: registry.grant_clicks(table, token, cap),
                  GRANT_ANSWER, staging)
 

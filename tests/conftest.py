@@ -12,22 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from resources.layout import REPO_ROOT
+from resources.state.layout import REPO_ROOT
 from resources.spark import SPARK_REMOTE_ENV, delta_session
-from resources.spark_connect import free_port, server_environment, wait_until_serving
+from resources.runtime.spark_connect import free_port, server_environment, wait_until_serving
 
 # The quick tier (`scripts/test.sh --quick`, a few minutes): pure functions, sensors through
 # build_sensor_context, the registry against real DuckDB, the generator, and one small
 # end-to-end run of `photon run`. Everything else runs in the full suite.
 QUICK = (
     "tests/sensors/",
-    "tests/resources/test_registry.py",
-    "tests/resources/test_registry_shards.py",
-    "tests/resources/test_work_claims.py",
-    "tests/resources/test_watermark.py",
-    "tests/resources/test_recent_queries.py",
-    "tests/resources/test_work_unit_log.py",
-    "tests/resources/test_ownership.py",
+    "tests/scripts/",
+    "tests/resources/test_id_registry.py",
+    "tests/resources/registry/test_shards.py",
+    "tests/resources/registry/test_work_claims.py",
+    "tests/resources/state/test_watermark.py",
+    "tests/resources/event_store/test_memory_tier.py",
+    "tests/resources/state/test_work_unit_log.py",
+    "tests/resources/registry/test_ownership.py",
     "tests/resources/test_spark.py",
     "tests/photon/",
     "tests/spark_ops/test_events.py",

@@ -4,7 +4,7 @@ API, which has no Connect backend for delta-spark 4.0 (docs/STACK.md)."""
 
 import ast
 
-from resources.layout import REPO_ROOT
+from resources.state.layout import REPO_ROOT
 
 PACKAGES = ("resources", "spark_ops", "photon_assets", "sensors", "photon")
 CLASSIC_ONLY_ATTRIBUTES = {"sparkContext", "rdd", "_jvm", "_jsc", "_jdf", "_jsparkSession", "_sc"}

@@ -2,7 +2,7 @@ import importlib
 import subprocess
 import sys
 
-from resources.layout import REPO_ROOT
+from resources.state.layout import REPO_ROOT
 from spark_ops.tables import TABLE_SCHEMAS
 from tests.conftest import query, write_lines
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from resources.layout import REPO_ROOT
-from resources.registry_service import RemoteIdRegistry
-from resources.spark_connect import free_port
-from resources.ownership import preferred_dc
+from resources.state.layout import REPO_ROOT
+from resources.registry.client import RemoteIdRegistry
+from resources.runtime.spark_connect import free_port
+from resources.registry.ownership import preferred_dc
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.usefixtures("over_spark_connect")]
@@ -110,7 +110,7 @@ def test_both_datacenters_at_once_share_the_work_without_waste(tmp_path):
     assert final["runs"] == 0 and table_versions(tmp_path) == versions
     joiners = [first["joiner_by_dc"]["dc1"], second["joiner_by_dc"]["dc2"]]
     assert sum(j["joined"] for j in joiners) == truth["joinable_clicks"]
-    # Active-active (resources/ownership.py): each joined its own share of the files and skipped the
+    # Active-active (resources/registry/ownership.py): each joined its own share of the files and skipped the
     # other's finished ranges unread; wasted joins (joined, then refused by the registry) stay under 1 %.
     assert all(j["joined"] > 0 for j in joiners), joiners
     assert sum(j["refused"] for j in joiners) <= 0.01 * truth["joinable_clicks"], joiners

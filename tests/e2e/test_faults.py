@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from resources.faults import fault_marker
+from resources.runtime.faults import fault_marker
 from spark_ops.join import CRASH_POINTS
 from tests.e2e.test_photon_run import assert_matches_ground_truth, photon, run
 

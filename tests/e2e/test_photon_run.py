@@ -8,7 +8,7 @@ import sys
 import pytest
 from deltalake import DeltaTable
 
-from resources.layout import REPO_ROOT
+from resources.state.layout import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 PHOTON = [sys.executable, "-m", "photon.cli"]

@@ -10,7 +10,7 @@ import dagster._daemon.sensor as sensor_daemon
 
 from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
 from photon.runner import DAGSTER_YAML
-from resources.layout import DATA_DIR_ENV, REPO_ROOT
+from resources.state.layout import DATA_DIR_ENV, REPO_ROOT
 from sensors.freshness import FRESHNESS_SENSOR
 
 

@@ -11,11 +11,12 @@ import pytest
 
 from photon import gen
 from photon.query_tail import QueryTailer, TailSettings
-from resources.layout import DataLayout
-from resources.registry_shards import ShardedIdRegistry
+from resources.state.layout import DataLayout
+from resources.registry.shards import ShardedIdRegistry
 from resources.settings import PipelineSettings
-from resources.stream_state import EventTimeWatermark, QueryProgress, QueryTail
-from resources.work_unit_log import new_ranges
+from resources.event_store.progress import QueryProgress, QueryTail
+from resources.state.sidecars import EventTimeWatermark
+from resources.state.work_unit_log import new_ranges
 from spark_ops.registry_calls import fed_times
 
 SETTINGS = TailSettings.of(PipelineSettings())
@@ -136,8 +137,8 @@ def test_a_tailer_ends_with_its_parent_even_when_signalled_twice(workload, tmp_p
     import sys
     import time
 
-    from resources.layout import REPO_ROOT
-    from resources.spark_connect import free_port
+    from resources.state.layout import REPO_ROOT
+    from resources.runtime.spark_connect import free_port
 
     port = free_port()
     ready = tmp_path / "ready"
@@ -150,7 +151,7 @@ def test_a_tailer_ends_with_its_parent_even_when_signalled_twice(workload, tmp_p
             assert server.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         script = ("import logging, sys, time; from pathlib import Path; from photon.tailers import QueryTailers; "
-                  "from resources.layout import DataLayout; "
+                  "from resources.state.layout import DataLayout; "
                   "t = QueryTailers(DataLayout(Path(sys.argv[1])), ['dc1'], logging.getLogger(), sys.argv[2]).start(); "
                   "print(t.pids()['dc1'], flush=True); time.sleep(600)")
         parent = subprocess.Popen([sys.executable, "-c", script, str(workload.root), SETTINGS.to_json()], cwd=REPO_ROOT,

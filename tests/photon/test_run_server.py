@@ -13,7 +13,7 @@ from dagster._core.launcher import WorkerStatus
 from photon.dagster_internals import instance_at
 from photon.run_server import ForkServerRunLauncher
 from photon.runner import prepare_environment, run_server_socket
-from resources.layout import DataLayout
+from resources.state.layout import DataLayout
 
 
 def test_the_data_directorys_instance_launches_runs_through_the_run_server(tmp_path, monkeypatch):

@@ -7,19 +7,14 @@ from dagster._core.test_utils import create_run_for_test
 
 from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
 from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
-from resources.layout import DataLayout
-from resources.registry import IdRegistryResource, close_embedded_registries
+from resources.state.layout import DataLayout
+from resources.id_registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
-from resources.stream_state import (
-    EventTimeWatermark,
-    PendingDigest,
-    QueryProgress,
-    QueryTail,
-    WriterProgress,
-    pending_retry_decision,
-)
-from resources.ownership import preferred_dc
-from resources.work_unit_log import WorkUnit, WorkUnitLog
+from resources.event_store.progress import QueryProgress, QueryTail, WriterProgress
+from resources.state.sidecars import EventTimeWatermark
+from spark_ops.pending import PendingDigest, pending_retry_decision
+from resources.registry.ownership import preferred_dc
+from resources.state.work_unit_log import WorkUnit, WorkUnitLog
 from sensors.dispatcher import log_dispatcher, pending_dispatcher, pending_retry
 from sensors.retries import plan_retries
 from tests.conftest import click, query, write_lines
@@ -360,7 +355,7 @@ def registry(tmp_path):
 
 
 def test_two_datacenters_cut_their_own_shares_and_skip_what_the_other_finished(tmp_path, instance, registry):
-    """Active-active (resources/ownership.py) through the registry: each datacenter's dispatcher cuts
+    """Active-active (resources/registry/ownership.py) through the registry: each datacenter's dispatcher cuts
     the files preferred for it, a finished range is skipped without a run, and the share of a
     datacenter whose lease lapsed is taken over where it stopped."""
     files = [f"w{i}/00000.jsonl" for i in range(8)]

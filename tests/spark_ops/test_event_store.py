@@ -6,9 +6,10 @@ import time
 
 from pyspark.sql import functions as F
 
-from resources.layout import TABLES
-from resources.registry_shards import ShardedIdRegistry
-from resources.stream_state import QueryProgress, WriterProgress, pending_retry_decision
+from resources.state.layout import TABLES
+from resources.registry.shards import ShardedIdRegistry
+from resources.event_store.progress import QueryProgress, WriterProgress
+from spark_ops.pending import pending_retry_decision
 from spark_ops.event_store import DurableTiers, EventStore, evict_from_cache
 from spark_ops.ingest import ingest_queries, line_stats, stage_queries
 from spark_ops.join import JoinInput, join_work_unit

@@ -4,10 +4,11 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from resources.layout import TABLES
-from resources.recent_queries import PIECE_SCHEMA
-from resources.registry_shards import ShardedIdRegistry
-from resources.stream_state import QueryProgress, WriterProgress, pending_retry_decision
+from resources.state.layout import TABLES
+from resources.event_store.memory_tier import PIECE_SCHEMA
+from resources.registry.shards import ShardedIdRegistry
+from resources.event_store.progress import QueryProgress, WriterProgress
+from spark_ops.pending import pending_retry_decision
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import ingest_queries, line_stats, stage_lines, stage_queries
 from spark_ops.join import CAPPED_REASON, CRASH_POINTS, JoinInput, join_work_unit, window_advice

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR_ENV = "PHOTON_DATA_DIR"
 DATACENTERS_ENV = "PHOTON_DATACENTERS"
 STREAMS = ("query", "click")
@@ -35,7 +35,7 @@ class DataLayout:
         return self.root / "registry"
 
     def work_unit_log(self, dc: str, stream: str) -> Path:
-        """The dispatcher's work units of one datacenter's stream (resources/work_unit_log.py)."""
+        """The dispatcher's work units of one datacenter's stream (resources/state/work_unit_log.py)."""
         return self.root / "state" / "dispatcher" / dc / f"{stream}.jsonl"
 
     def query_progress_file(self, dc: str) -> Path:
@@ -50,7 +50,7 @@ class DataLayout:
         return self.root / "state" / "streams" / dc / "query_tail_progress.json"
 
     def query_progress_files(self, dc: str) -> tuple[Path, Path, Path]:
-        """What the known progress of the query stream is read from (stream_state.known_query_progress)."""
+        """What the known progress of the query stream is read from (resources/event_store/progress.py, known_query_progress)."""
         return self.query_progress_file(dc), self.query_tail_file(dc), self.query_tail_progress_file(dc)
 
     def pending_digest_file(self, dc: str) -> Path:

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from resources.repeating import repeated
+from resources.runtime.repeating import repeated
 
 if TYPE_CHECKING:
-    from resources.registry_api import IdRegistry
+    from resources.registry.api import IdRegistry
 
 CLAIMED, DONE, DONE_PENDING = "claimed", "done", "done_pending"
 

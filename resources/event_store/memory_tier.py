@@ -1,7 +1,7 @@
 """The EventStore's memory tier (Photon §3.4.1, the CacheEventStore): the recent query lines of each
 datacenter, held by a long-lived process and looked up by query id.
 
-It lives in the registry service (resources/registry_service.py), the one process that outlives
+It lives in the registry service (resources/registry/service.py), the one process that outlives
 every run in both deployments: `photon run` executes runs in its own process, but under `photon up`
 each run is a process of its own, and only a service they all call can serve them from memory. (A
 Spark cache on the Connect server would be shared too, but a click batch joined against a few

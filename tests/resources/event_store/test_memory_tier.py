@@ -1,11 +1,11 @@
-"""The EventStore's memory tier (resources/recent_queries.py): pieces held by work unit, looked up by
+"""The EventStore's memory tier (resources/event_store/memory_tier.py): pieces held by work unit, looked up by
 query id, giving up their lines by event time and by bytes and leaving by bytes, the horizon that
 makes a miss conclusive, and located queries' lines read back from the logs."""
 
 import pyarrow as pa
 import pytest
 
-from resources.recent_queries import PIECE_SCHEMA, RecentQueries, read_located
+from resources.event_store.memory_tier import PIECE_SCHEMA, RecentQueries, read_located
 
 SECOND = 1_000_000
 NOW = 1_700_000_000 * SECOND

@@ -1,4 +1,4 @@
-from resources.ownership import preferred_dc, share_work
+from resources.registry.ownership import preferred_dc, share_work
 
 
 BOTH = {"dc1": 10.0, "dc2": 10.0}  # leases: seconds left

@@ -1,8 +1,9 @@
 """The Dagster resource that gives runs their IdRegistry (Photon §2), and the embedded registries of
-this process. The interface, `IdRegistry`, is in `registry_api` (re-exported here).
+this process. The interface, `IdRegistry`, is in resources/registry/api.py (re-exported here).
 
-Two implementations: `registry_shards.ShardedIdRegistry` in this process (mode "embedded"), and
-`registry_service.RemoteIdRegistry`, a client of a registry server (mode "service").
+Two implementations: `ShardedIdRegistry` (resources/registry/shards.py) in this process (mode
+"embedded"), and `RemoteIdRegistry` (resources/registry/client.py), a client of a registry server
+(mode "service").
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from pydantic import PrivateAttr
 
-from resources.registry_api import ADDRESS_ENV, SECRET_ENV, ArrowSource, IdRegistry  # noqa: F401 (re-exported)
+from resources.registry.api import ADDRESS_ENV, SECRET_ENV, ArrowSource, IdRegistry  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
-    from resources.registry_shards import ShardedIdRegistry
+    from resources.registry.shards import ShardedIdRegistry
 
 _embedded: dict[Path, "ShardedIdRegistry"] = {}
 _embedded_lock = threading.Lock()
@@ -27,7 +28,7 @@ _embedded_lock = threading.Lock()
 def embedded_registry(directory: Path) -> "ShardedIdRegistry":
     """One registry per directory per process: DuckDB lets one process hold a file, and every run
     the process executes shares it."""
-    from resources.registry_shards import ShardedIdRegistry
+    from resources.registry.shards import ShardedIdRegistry
 
     directory = Path(directory).resolve()
     with _embedded_lock:
@@ -62,13 +63,13 @@ class IdRegistryResource(dg.ConfigurableResource):
     def get(self) -> IdRegistry:
         if self._registry is None:
             if self.mode == "embedded":
-                from resources.layout import DataLayout
+                from resources.state.layout import DataLayout
 
                 self._registry = embedded_registry(DataLayout(Path(self.data_dir)).registry_dir)
             elif self.mode == "service":
                 if not self.address:
                     raise dg.Failure("registry mode 'service' needs an address (host:port)")
-                from resources.registry_service import RemoteIdRegistry
+                from resources.registry.client import RemoteIdRegistry
 
                 self._registry = RemoteIdRegistry(self.address, self.secret)
             else:

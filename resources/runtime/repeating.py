@@ -1,5 +1,5 @@
 """A body run over and over on a thread of its own while a block runs: the lease renewal of
-`photon run` / `photon up` (resources/work_claims.py) and `photon run`'s passes of the sensors off the
+`photon run` / `photon up` (resources/registry/work_claims.py) and `photon run`'s passes of the sensors off the
 click path (photon/runner.py)."""
 
 from __future__ import annotations

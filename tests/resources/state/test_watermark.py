@@ -1,12 +1,12 @@
-"""The event-time watermark (resources/watermark.py): estimated from sketches of each pass's event
+"""The event-time watermark (resources/state/watermark.py): estimated from sketches of each pass's event
 times, it ascends on a disordered stream and keeps its accuracy."""
 
 import random
 
 import numpy as np
 
-from resources.stream_state import EventTimeWatermark
-from resources.watermark import SKETCH_FRACTIONS, estimate, merged_sketch, percentile_of
+from resources.state.sidecars import EventTimeWatermark
+from resources.state.watermark import SKETCH_FRACTIONS, estimate, merged_sketch, percentile_of
 
 SECOND = 1_000_000
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from resources.work_claims import DONE, DONE_PENDING
+from resources.registry.work_claims import DONE, DONE_PENDING
 
 Range = tuple[str, int, int]
 
@@ -46,7 +46,7 @@ class Share:
 def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[str, float],
                waiting_before: dict[str, list], grace_seconds: float, now: float) -> Share:
     """Splits this datacenter's new `ranges` (one per file, from its own offsets) by ownership.
-    `claims`: every datacenter's claims on those files (resources/work_claims.py); `leases`: every
+    `claims`: every datacenter's claims on those files (resources/registry/work_claims.py); `leases`: every
     datacenter's seconds of lease left (negative: expired, it died; None: released, it stopped)."""
     live = {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left > 0}
     died = {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left <= 0}

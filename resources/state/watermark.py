@@ -11,7 +11,7 @@ Its accuracy is the share of a pass's events at or after the watermark that held
 (the paper's measure); its lag is the pipeline's clock minus the watermark. Events from the future
 of the clock (spark_ops/validity.py) are left out of the sketches: they do not move it.
 
-The document holding a stream's passes and watermark is resources/stream_state.py's
+The document holding a stream's passes and watermark is resources/state/sidecars.py's
 EventTimeWatermark.
 """
 

@@ -11,8 +11,8 @@ Batches travel as Arrow data (tables, record batch readers or datasets such as t
 job staged), so ids are handled by DuckDB and Arrow compute and never become Python objects.
 
 The same process keeps what the pipeline's runs share besides the ids: datacenters' leases and
-work claims (resources/work_claims.py), the per-query click cap (resources/click_caps.py), and the
-EventStore's memory tier (resources/recent_queries.py).
+work claims (resources/registry/work_claims.py), the per-query click cap (resources/registry/click_caps.py), and the
+EventStore's memory tier (resources/event_store/memory_tier.py).
 
 The implementations: `registry_shards.ShardedIdRegistry` in this process, and
 `registry_service.RemoteIdRegistry`, a client of a registry server; `registry.IdRegistryResource`
@@ -83,7 +83,7 @@ class IdRegistry(ABC):
     def collect_garbage(self) -> dict:
         """Run one garbage-collection pass now; returns the boundaries and the ids deleted."""
 
-    # Work ownership between datacenters (resources/work_claims.py has the semantics).
+    # Work ownership between datacenters (resources/registry/work_claims.py has the semantics).
     @abstractmethod
     def heartbeat(self, dc: str | None, ttl_seconds: float) -> dict[str, float | None]:
         """Renew `dc`'s lease (0: release; None: only read); every datacenter's seconds left
@@ -103,10 +103,10 @@ class IdRegistry(ABC):
 
     @abstractmethod
     def grant_clicks(self, wanted: ArrowSource, token: str, cap: int) -> pa.Table:
-        """The per-query click cap (resources/click_caps.py has the semantics): `wanted` has
+        """The per-query click cap (resources/registry/click_caps.py has the semantics): `wanted` has
         query_id, wanted; the answer query_id, granted."""
 
-    # The EventStore's memory tier, held by the same process (resources/recent_queries.py has the
+    # The EventStore's memory tier, held by the same process (resources/event_store/memory_tier.py has the
     # semantics): one long-lived process that every run of either deployment can call.
     @abstractmethod
     def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,

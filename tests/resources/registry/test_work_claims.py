@@ -1,6 +1,6 @@
 import time
 
-from resources.work_claims import WorkClaims
+from resources.registry.work_claims import WorkClaims
 
 
 def test_leases_expire_and_release(tmp_path):

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from resources.registry_service import (RegistryAuthenticationError, RegistryServer, RegistryUnavailable,
-                                        RemoteIdRegistry)
-from resources.registry_shards import ShardedIdRegistry, now_us
+from resources.registry.client import RegistryAuthenticationError, RegistryUnavailable, RemoteIdRegistry
+from resources.registry.service import RegistryServer
+from resources.registry.shards import ShardedIdRegistry, now_us
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NOW = now_us()
 
 
@@ -116,7 +116,7 @@ def test_remote_registry_contract(server):
 CLIENT = """
 import json, sys
 import pyarrow as pa
-from resources.registry_service import RemoteIdRegistry
+from resources.registry.client import RemoteIdRegistry
 address, token, ts, ids = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.stdin.read())
 registry = RemoteIdRegistry(address)
 held = []

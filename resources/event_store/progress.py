@@ -1,73 +1,23 @@
-"""What the dispatchers need to know about each datacenter's streams, kept small enough to read on
-every tick without Spark: the query stream's progress per writer, and a digest of pending clicks.
-
-Runs write these documents (atomically, under a lock: several runs of one datacenter may finish at
-once); sensors and `photon run` only read them.
+"""What the dispatchers and runs know about each datacenter's query stream, read on every tick
+without Spark (documents of resources/state/sidecars.py):
 
 - Query progress: per query writer (`server_ip:process_id`, the prefix of its event ids), the newest
   `timestamp_us` ingested, and how many work units brought lines at or behind that progress
   (backfills). A writer logs in timestamp order, so once its progress passes a query's timestamp
   that query is either in what was read or in lines read later as a backfill (a file of the writer
   the dispatcher reached late), or lost.
-- Pending digest: what the datacenter's pending clicks are waiting for, summarised when the last
-  click run finished: per writer, the smallest query timestamp not yet covered and the writer's
-  backfills then; the oldest pending click (for the unjoinable age); and when clicks that could be
-  joined now come out of their retry backoff.
-- Query cache: bounds of what the datacenter's cache tier holds (see QueryCache).
-- Event-time watermark, per stream: a low watermark of the event times ingested (see
-  EventTimeWatermark). Pacing holds click lines ahead of the query stream's.
 - Query tail: the query tailer's mirror of what it fed the memory tier (QueryTail; its writers'
   times as a QueryProgress of its own, and a watermark `query_tail`). The tailer is its one writer.
+- Query cache: bounds of what the datacenter's cache tier holds (see QueryCache).
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from resources.watermark import estimate
-
-VERSION = 1
-
-
-def _read(path: Path) -> dict | None:
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_text())
-    if doc.get("v") != VERSION:
-        raise ValueError(f"{path}: state version {doc.get('v')} is not {VERSION}")
-    return doc
-
-
-def _write(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump({**doc, "v": VERSION}, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _document(cls, path: Path):
-    """A dataclass document of this module as stored at `path`; the class's defaults if none is."""
-    doc = _read(path)
-    if doc is None:
-        return cls()
-    doc.pop("v")
-    return cls(**doc)
-
-
-@contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+from resources.state.sidecars import load_document, locked, read_document, write_document
 
 
 @dataclass
@@ -87,7 +37,7 @@ class QueryProgress:
 
     @classmethod
     def load(cls, path: Path) -> "QueryProgress":
-        doc = _read(path)
+        doc = read_document(path)
         if doc is None:
             return cls()
         # Documents written before backfills were counted list the writer's files instead.
@@ -110,7 +60,7 @@ class QueryProgress:
         A work unit reaching back to the writer's progress counts as a backfill: a pending click
         may wait for it. A retried work unit that had already merged counts once more, which costs
         at most one extra pending-click retry."""
-        with _locked(path):
+        with locked(path):
             progress = cls.load(path)
             for name, (min_ts, max_ts) in ingested.items():
                 known = progress.writers.get(name)
@@ -120,7 +70,7 @@ class QueryProgress:
                 if min_ts <= known.max_ts:
                     known.backfills += 1
                 known.max_ts = max(known.max_ts, max_ts)
-            _write(path, {"writers": {name: asdict(w) for name, w in progress.writers.items()}})
+            write_document(path, {"writers": {name: asdict(w) for name, w in progress.writers.items()}})
             return progress
 
 
@@ -140,11 +90,11 @@ class QueryTail:
 
     @classmethod
     def load(cls, path: Path) -> "QueryTail":
-        return _document(cls, path)
+        return load_document(cls, path)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write(path, asdict(self))
+        write_document(path, asdict(self))
 
     def fresh(self, now: float | None = None) -> bool:
         """Whether a tailer is feeding the memory tier (it polled within TAIL_FRESH_SECONDS)."""
@@ -186,7 +136,7 @@ class QueryCache:
 
     @classmethod
     def load(cls, path: Path) -> "QueryCache":
-        doc = _read(path)
+        doc = read_document(path)
         return cls() if doc is None else cls(doc["oldest_ts"], doc["complete_from_ts"])
 
     def needs_eviction(self, boundary_ts: int) -> bool:
@@ -194,10 +144,10 @@ class QueryCache:
 
     @classmethod
     def _update(cls, path: Path, change) -> "QueryCache":
-        with _locked(path):
+        with locked(path):
             cache = cls.load(path)
             change(cache)
-            _write(path, asdict(cache))
+            write_document(path, asdict(cache))
             return cache
 
     @classmethod
@@ -231,100 +181,3 @@ def durable_tier_boundary_us(progress_ts: int | None, retention_seconds: float, 
         return None
     now_us = time.time_ns() // 1000 if now_us is None else now_us
     return min(progress_ts, now_us) - int(retention_seconds * 1_000_000)
-
-
-@dataclass
-class PendingDigest:
-    pending: int = 0
-    # writer -> [smallest query timestamp a pending click needs beyond that writer's progress, the
-    # writer's backfills when those clicks were last looked up]
-    needs: dict[str, list] = field(default_factory=dict)
-    oldest_ts: int | None = None  # oldest pending click (event time)
-    retry_at: float | None = None  # when clicks joinable with the data present leave their backoff
-    stream_ts: int = 0  # the query stream's progress the digest was made with
-    updated_at: float = 0.0
-
-    @classmethod
-    def load(cls, path: Path) -> "PendingDigest":
-        return _document(cls, path)
-
-    def save(self, path: Path) -> None:
-        with _locked(path):
-            _write(path, asdict(self))
-
-
-@dataclass(frozen=True)
-class RetryDecision:
-    ready: bool
-    reason: str
-    wait_until: float | None = None  # a retry will be due then, with the data present
-
-
-def pending_retry_decision(
-    digest: PendingDigest, progress: QueryProgress, unjoinable_after_seconds: float, now: float | None = None
-) -> RetryDecision:
-    """Whether a pending-click retry could join (or finally give up on) a click now. Retries happen
-    only when query data that could hold a pending click's query has arrived, no sooner than the
-    clicks' backoff allows; never in a loop while no query data arrives."""
-    now = time.time() if now is None else now
-    if digest.pending == 0:
-        return RetryDecision(False, "no pending clicks")
-    for writer, (needed_ts, backfills) in digest.needs.items():
-        known = progress.writers.get(writer)
-        if known is not None and ((needed_ts is not None and known.max_ts >= needed_ts) or known.backfills > backfills):
-            return RetryDecision(True, f"query writer {writer} has new data for pending clicks")
-    # Clicks that had reached the age when the digest was made are covered by retry_at.
-    stream_ts = progress.max_ts
-    if (digest.oldest_ts is not None and stream_ts is not None and stream_ts > digest.stream_ts
-            and stream_ts - digest.oldest_ts >= unjoinable_after_seconds * 1e6):
-        return RetryDecision(True, "pending clicks reached the unjoinable age")
-    if digest.retry_at is not None:
-        if now >= digest.retry_at:
-            return RetryDecision(True, "pending clicks left their retry backoff")
-        return RetryDecision(False, f"pending clicks in retry backoff for {digest.retry_at - now:.1f} s more",
-                             wait_until=digest.retry_at)
-    return RetryDecision(False, f"{digest.pending} pending click(s) wait for query data that could hold their queries")
-
-
-@dataclass
-class EventTimeWatermark:
-    """A stream's event-time watermark (resources/watermark.py) and the passes it was estimated from."""
-
-    watermark_us: int | None = None
-    window_passes: int | None = None  # passes per window of the ascending series; None: none found
-    passes: list[list] = field(default_factory=list)  # [work unit, events, sketch], oldest first
-    events: int = 0  # events of every pass so far
-    at_or_after: int = 0  # of them, at or after the watermark when their pass came
-    last_accuracy: float | None = None
-
-    @classmethod
-    def load(cls, path: Path) -> "EventTimeWatermark":
-        return _document(cls, path)
-
-    @property
-    def accuracy(self) -> float | None:
-        return round(self.at_or_after / self.events, 4) if self.events else None
-
-    def lag_seconds(self, clock_us: int) -> float | None:
-        return None if self.watermark_us is None else round((clock_us - self.watermark_us) / 1e6, 3)
-
-    @classmethod
-    def add_pass(
-        cls, path: Path, work_unit: str, events: int, sketch: list[int] | None, at_or_after: int,
-        percentile: float, windows: int, max_passes: int,
-    ) -> "EventTimeWatermark":
-        """Adds a pass: `events` events (none from the future), `at_or_after` of them at or after the
-        watermark it read first. A retried work unit's pass replaces its earlier attempt's in the
-        estimate (its events count once more in the accuracy)."""
-        with _locked(path):
-            mark = cls.load(path)
-            if not events or sketch is None:
-                return mark
-            mark.last_accuracy = round(at_or_after / events, 4)
-            mark.events += events
-            mark.at_or_after += at_or_after
-            mark.passes = ([p for p in mark.passes if p[0] != work_unit] + [[work_unit, events, sketch]])[-max_passes:]
-            value, mark.window_passes = estimate([(n, s) for _, n, s in mark.passes], percentile, windows)
-            mark.watermark_us = value if mark.watermark_us is None else max(mark.watermark_us, value)
-            _write(path, asdict(mark))
-            return mark

@@ -6,7 +6,7 @@ Per datacenter and stream, an append-only JSON Lines log of work units, each a l
 range. A work unit is written here (and fsynced) before any run for it is requested, so its
 boundaries never change: a retry, or a re-evaluation after a crash, always names the same bytes
 under the same id, and its registry token stays the same. Ranges another datacenter finished
-are recorded as `skipped` units (resources/ownership.py): they advance the offsets, with no run.
+are recorded as `skipped` units (resources/registry/ownership.py): they advance the offsets, with no run.
 
 Two writers append: the dispatcher, and a catch-up run materialized with no work unit named
 (photon_assets/work_unit.py), which records itself as its unit's run. Each holds the log's lock from
@@ -31,7 +31,7 @@ class WorkUnit:
     id: str
     seq: int
     ranges: tuple[tuple[str, int, int], ...]
-    # Ranges another datacenter finished (resources/ownership.py): they advance the offsets, no run.
+    # Ranges another datacenter finished (resources/registry/ownership.py): they advance the offsets, no run.
     skipped: bool = False
     # The catch-up run that cut this unit for itself: the dispatcher requests no run for it.
     run_id: str = ""

@@ -9,7 +9,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from resources.registry_shards import US_PER_DAY, ShardedIdRegistry, now_us, shard_of
+from resources.registry.shards import US_PER_DAY, ShardedIdRegistry, now_us, shard_of
 
 NOW = now_us()
 

@@ -6,9 +6,9 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from resources.registry import IdRegistryResource, close_embedded_registries, embedded_registry
-from resources.registry_service import RemoteIdRegistry
-from resources.registry_shards import ShardedIdRegistry, now_us
+from resources.id_registry import IdRegistryResource, close_embedded_registries, embedded_registry
+from resources.registry.client import RemoteIdRegistry
+from resources.registry.shards import ShardedIdRegistry, now_us
 
 NOW = now_us()
 

@@ -1,4 +1,4 @@
-from resources.work_unit_log import WorkUnit, WorkUnitLog, complete_end, cut_work_units, new_ranges
+from resources.state.work_unit_log import WorkUnit, WorkUnitLog, complete_end, cut_work_units, new_ranges
 
 
 def test_torn_last_line_is_left_for_later(tmp_path):

@@ -5,7 +5,7 @@ This is the embedded registry, and the engine `registry_service.RegistryServer` 
 Flight. Layout of its directory:
 
 - `meta.duckdb`: the shard configuration, rows (start_us, end_us, shards); end NULL means ∞.
-- `work.duckdb`: datacenters' leases and claims on work units (resources/work_claims.py).
+- `work.duckdb`: datacenters' leases and claims on work units (resources/registry/work_claims.py).
 - `shard-0000.duckdb`, ...: one DuckDB file per physical shard with `registered_ids` and a one-row
   `gc_boundary`. A configuration of n shards uses physical shards 0..n-1.
 
@@ -37,11 +37,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from resources.registry_api import ArrowSource, IdRegistry
-from resources.click_caps import WANTED_SCHEMA, ClickCaps
-from resources.recent_queries import PIECE_SCHEMA, RecentQueries
-from resources.recent_queries import WANTED_SCHEMA as WANTED_QUERIES
-from resources.work_claims import WorkClaims
+from resources.registry.api import ArrowSource, IdRegistry
+from resources.registry.click_caps import WANTED_SCHEMA, ClickCaps
+from resources.event_store.memory_tier import PIECE_SCHEMA, RecentQueries
+from resources.event_store.memory_tier import WANTED_SCHEMA as WANTED_QUERIES
+from resources.registry.work_claims import WorkClaims
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,99 @@
+"""The small JSON documents ("sidecars") that runs, sensors and `photon run` share without Spark: one
+file each under the data directory (resources/state/layout.py), written atomically under a lock
+(several runs of one datacenter may finish at once), each stamped with a version.
+
+The documents: the query stream's progress, the query tail and the cache bounds
+(resources/event_store/progress.py), the pending digest (spark_ops/pending.py), and here each
+stream's event-time watermark (EventTimeWatermark): a low watermark of the event times ingested;
+pacing holds click lines ahead of the query stream's.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from resources.state.watermark import estimate
+
+VERSION = 1
+
+
+def read_document(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("v") != VERSION:
+        raise ValueError(f"{path}: state version {doc.get('v')} is not {VERSION}")
+    return doc
+
+
+def write_document(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump({**doc, "v": VERSION}, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_document(cls, path: Path):
+    """A dataclass document of this module as stored at `path`; the class's defaults if none is."""
+    doc = read_document(path)
+    if doc is None:
+        return cls()
+    doc.pop("v")
+    return cls(**doc)
+
+
+@contextmanager
+def locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+@dataclass
+class EventTimeWatermark:
+    """A stream's event-time watermark (resources/state/watermark.py) and the passes it was estimated from."""
+
+    watermark_us: int | None = None
+    window_passes: int | None = None  # passes per window of the ascending series; None: none found
+    passes: list[list] = field(default_factory=list)  # [work unit, events, sketch], oldest first
+    events: int = 0  # events of every pass so far
+    at_or_after: int = 0  # of them, at or after the watermark when their pass came
+    last_accuracy: float | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> "EventTimeWatermark":
+        return load_document(cls, path)
+
+    @property
+    def accuracy(self) -> float | None:
+        return round(self.at_or_after / self.events, 4) if self.events else None
+
+    def lag_seconds(self, clock_us: int) -> float | None:
+        return None if self.watermark_us is None else round((clock_us - self.watermark_us) / 1e6, 3)
+
+    @classmethod
+    def add_pass(
+        cls, path: Path, work_unit: str, events: int, sketch: list[int] | None, at_or_after: int,
+        percentile: float, windows: int, max_passes: int,
+    ) -> "EventTimeWatermark":
+        """Adds a pass: `events` events (none from the future), `at_or_after` of them at or after the
+        watermark it read first. A retried work unit's pass replaces its earlier attempt's in the
+        estimate (its events count once more in the accuracy)."""
+        with locked(path):
+            mark = cls.load(path)
+            if not events or sketch is None:
+                return mark
+            mark.last_accuracy = round(at_or_after / events, 4)
+            mark.events += events
+            mark.at_or_after += at_or_after
+            mark.passes = ([p for p in mark.passes if p[0] != work_unit] + [[work_unit, events, sketch]])[-max_passes:]
+            value, mark.window_passes = estimate([(n, s) for _, n, s in mark.passes], percentile, windows)
+            mark.watermark_us = value if mark.watermark_us is None else max(mark.watermark_us, value)
+            write_document(path, asdict(mark))
+            return mark
