@@ -26,7 +26,14 @@ def add_spark_remote(command: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     top = OneLineParser(prog="photon", description="Exactly-once joining of query and click logs.")
     commands = top.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    add_data_commands(commands)
+    add_pipeline_commands(commands)
+    add_service_commands(commands)
+    return top
 
+
+def add_data_commands(commands) -> None:
+    """`gen` and `replicate`: the logs a pipeline reads."""
     g = commands.add_parser("gen", help="write a synthetic workload of query and click logs")
     g.add_argument("--data-dir", required=True, type=Path)
     gen.add_arguments(g)
@@ -40,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
                     help="copy only lines up to the source's newest event time minus this"
                          " (default: 0, every complete line)")
 
+
+def add_pipeline_commands(commands) -> None:
+    """`run`, `up` and `check`: the pipeline, headless or as a deployment, and its checks."""
     r = commands.add_parser("run", help="run the sensor-driven pipeline headlessly")
     r.add_argument("--data-dir", required=True, type=Path)
     r.add_argument("--until-idle", action="store_true", required=True,
@@ -69,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the outcome as one JSON object, last line")
     c.add_argument("--verbose", action="store_true", help="log every run event")
 
+
+def add_service_commands(commands) -> None:
+    """`spark-connect`, `registry` and `event-store`: the long-lived services the deployments start."""
     sc = commands.add_parser("spark-connect", help="serve a Spark Connect server with Delta until SIGTERM/SIGINT"
                                                    " (for --spark-remote / PHOTON_SPARK_REMOTE)")
     sc.add_argument("--port", type=int, default=15002)
@@ -101,7 +114,6 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--address", help="HOST:PORT of the registry service (default: env PHOTON_REGISTRY_ADDRESS)")
     t.add_argument("--settings", help="the settings it goes by, as JSON (photon/query_tail.py: TailSettings; "
                    "default: from the pipeline settings, PHOTON_SETTINGS)")
-    return top
 
 
 def command_gen(args) -> int:
@@ -296,7 +308,7 @@ def command_registry(args) -> int:
         serve(args.data_dir, args.host, args.port, args.shards, args.gc_threshold_days, secret, args.ready_file)
         return 0
     # The one-line error below is the report; per-attempt retry warnings would only repeat it.
-    logging.getLogger("resources.registry.service").setLevel(logging.ERROR)
+    logging.getLogger("resources.registry.client").setLevel(logging.ERROR)
     registry = RemoteIdRegistry(args.address, secret, timeout_seconds=10, max_attempts=3)
     try:
         if args.registry_command == "stats":

@@ -677,14 +677,8 @@ class _Simulation:
             qts = writer.mint(ts)
             event = {"query_id": f"{writer.id_prefix}{qts}", "timestamp_us": qts,
                      "query_text": self._text(), "ads": [_ad_dict(ad) for ad in self._ads()]}
-            if kind == "missing_field":
-                del event["ads"]
-            elif kind == "mistyped":
-                event["timestamp_us"] = "abc"
-            elif kind == "overlong":
-                event["query_text"] = oversize
-            elif kind == "bad_utf8":
-                event["query_text"] += _NOT_UTF8
+            _spoil(event, kind, oversize, missing="ads", mistyped=("timestamp_us", "abc"), overlong="query_text",
+                   bad_utf8="query_text")
         else:
             writer = self.click_writers[int(rng.random() * len(self.click_writers))]
             cts = writer.mint(ts)
@@ -692,14 +686,8 @@ class _Simulation:
             ad = ads[0]
             event = {"click_id": f"{writer.id_prefix}{cts}", "query_id": query_id, "timestamp_us": cts,
                      "ad_id": ad[0], "advertiser_id": ad[1], "cost_micros": ad[3]}
-            if kind == "missing_field":
-                del event["query_id"]
-            elif kind == "mistyped":
-                event["cost_micros"] = 1.5
-            elif kind == "overlong":
-                event["user_agent_class"] = oversize
-            elif kind == "bad_utf8":
-                event["ad_id"] += _NOT_UTF8
+            _spoil(event, kind, oversize, missing="query_id", mistyped=("cost_micros", 1.5),
+                   overlong="user_agent_class", bad_utf8="ad_id")
         text = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
         if kind == "not_json":
             text = text[: len(text) // 2] + "<<garbage"  # a corrupted, cut-off record
@@ -756,6 +744,20 @@ class _Simulation:
 
 def _wall_us() -> int:
     return time.time_ns() // 1000
+
+
+def _spoil(event: dict, kind: str, oversize: str, *, missing: str, mistyped: tuple[str, object], overlong: str,
+           bad_utf8: str) -> None:
+    """Makes `event` a bad line of `kind`: a field missing, a field of the wrong type, a line over the
+    length limit, or bytes that are not UTF-8 (the fields each stream's bad lines break are named)."""
+    if kind == "missing_field":
+        del event[missing]
+    elif kind == "mistyped":
+        event[mistyped[0]] = mistyped[1]
+    elif kind == "overlong":
+        event[overlong] = oversize
+    elif kind == "bad_utf8":
+        event[bad_utf8] += _NOT_UTF8
 
 
 def _ad_dict(ad: tuple) -> dict:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -341,8 +342,8 @@ def run_until_idle(
                 start_sensor(instance, sensor)
             try:
                 while True:
-                    drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
-                          registry, min_seconds, tailers)
+                    drain(Drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds,
+                                first_run, registry, min_seconds, tailers))
                     checks = verify(instance, layout)
                     verification = {check.name: check.passed for check in checks}
                     if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
@@ -423,37 +424,57 @@ def off_click_passes(context, log: logging.Logger):
         yield
 
 
-def drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds, first_run,
-          registry: subprocess.Popen | None, min_seconds: float = 0.0, tailers: QueryTailers | None = None) -> None:
+@dataclass
+class Drain:
+    """What `photon run`'s passes go by until idle: the instance and workspace with the sensors, these
+    datacenters, when it started and may go on until, the runs there were before it, this process's
+    own registry service (None: a service at PHOTON_REGISTRY_ADDRESS, which its operator restarts)
+    and query tailers."""
+
+    instance: dg.DagsterInstance
+    context: object
+    sensors: list
+    layout: DataLayout
+    datacenters: list[str]
+    log: logging.Logger
+    started: float
+    timeout_seconds: float
+    first_run: int
+    registry: subprocess.Popen | None
+    min_seconds: float = 0.0
+    tailers: QueryTailers | None = None
+
+    def runs(self) -> int:
+        return own_runs(self.instance, self.datacenters)
+
+
+def drain(d: Drain) -> None:
     """Sensor passes until IDLE_PASSES in a row launch nothing and nothing of these datacenters
     waits, and min_seconds have passed since the start. Stops when this process's own registry
-    service (None: a service at PHOTON_REGISTRY_ADDRESS, which its operator restarts) exited:
-    nothing would restart it, and every run would fail until the timeout."""
-    with off_click_passes(context, log.getChild("sensors")):
-        _drain(instance, context, layout, datacenters, log, started, timeout_seconds, first_run, registry,
-               min_seconds, tailers, sensors)
+    service exited: nothing would restart it, and every run would fail until the timeout."""
+    with off_click_passes(d.context, d.log.getChild("sensors")):
+        _drain(d)
 
 
-def _drain(instance, context, layout, datacenters, log, started, timeout_seconds, first_run, registry, min_seconds,
-           tailers, sensors) -> None:
+def _drain(d: Drain) -> None:
     idle = 0
-    while idle < IDLE_PASSES or time.monotonic() - started < min_seconds:
-        if time.monotonic() - started > timeout_seconds:
-            raise RunnerError(f"not idle after {timeout_seconds:.0f} s; state is kept, run again to continue")
-        if registry is not None:
-            stop_if_exited("the local registry service", registry, registry_log(layout),
+    while idle < IDLE_PASSES or time.monotonic() - d.started < d.min_seconds:
+        if time.monotonic() - d.started > d.timeout_seconds:
+            raise RunnerError(f"not idle after {d.timeout_seconds:.0f} s; state is kept, run again to continue")
+        if d.registry is not None:
+            stop_if_exited("the local registry service", d.registry, registry_log(d.layout),
                            "state is kept, run again to continue; ")
-        if tailers is not None:
-            tailers.watch()
+        if d.tailers is not None:
+            d.tailers.watch()
         pass_started = time.monotonic()
-        before = own_runs(instance, datacenters)
-        sensor_pass(context, log.getChild("sensors"), click_pass_order, PASS_INTERVAL_SECONDS)
-        launched = own_runs(instance, datacenters) - before
-        retrying = [u for u in work_units_awaiting_retry(instance) if u.split(".")[0] in datacenters]
-        waiting = retrying or dispatchers_waiting(instance, sensors, layout, datacenters)
+        before = d.runs()
+        sensor_pass(d.context, d.log.getChild("sensors"), click_pass_order, PASS_INTERVAL_SECONDS)
+        launched = d.runs() - before
+        retrying = [u for u in work_units_awaiting_retry(d.instance) if u.split(".")[0] in d.datacenters]
+        waiting = retrying or dispatchers_waiting(d.instance, d.sensors, d.layout, d.datacenters)
         idle = idle + 1 if launched == 0 and not waiting else 0
         if launched:
-            log.info("pass launched %d run(s); %d run(s) so far", launched, own_runs(instance, datacenters) - first_run)
+            d.log.info("pass launched %d run(s); %d run(s) so far", launched, d.runs() - d.first_run)
         time.sleep(max(0.0, PASS_INTERVAL_SECONDS - (time.monotonic() - pass_started)))
 
 

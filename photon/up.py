@@ -162,6 +162,17 @@ def fail_dead_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> list
     return failed
 
 
+def start_spark_connect(layout: DataLayout, spark_master: str, components: list, log: logging.Logger) -> str:
+    """The deployment's Spark Connect server, started and serving (added to `components`); its URL."""
+    spark_port = free_port()
+    remote = f"sc://127.0.0.1:{spark_port}"
+    spark = start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment())
+    components.append(spark)
+    wait_until_serving(remote, spark.process)
+    log.info("Spark Connect server at %s (%s)", remote, spark_master)
+    return remote
+
+
 def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master: str, log: logging.Logger,
              ready=print) -> int:
     """Runs the deployment until SIGINT/SIGTERM (exit 0) or until a component exits (exit 1)."""
@@ -185,12 +196,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             registry = held.enter_context(registry_service(layout, log))
             held.enter_context(datacenter_leases(layout, datacenters, log))
             tailers = held.enter_context(query_tailers(layout, datacenters, log))
-            spark_port = free_port()
-            remote = f"sc://127.0.0.1:{spark_port}"
-            spark = start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment())
-            components.append(spark)
-            wait_until_serving(remote, spark.process)
-            log.info("Spark Connect server at %s (%s)", remote, spark_master)
+            remote = start_spark_connect(layout, spark_master, components, log)
             env = {**os.environ, SPARK_REMOTE_ENV: remote, SENSORS_RUNNING_ENV: "1"}
             workspace = str(REPO_ROOT / "workspace.yaml")
             bin_dir = Path(sys.executable).parent

@@ -16,8 +16,7 @@ from photon_assets.work_unit import (
     PENDING,
     WorkUnitConfig,
     bytes_behind_log_heads,
-    run_start_costs,
-    unit_to_run,
+    run_opening,
 )
 from resources import faults
 from resources.id_registry import IdRegistryResource
@@ -29,8 +28,8 @@ from resources.state.sidecars import EventTimeWatermark
 from spark_ops.pending import PendingDigest, pending_retry_decision
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import DurableTiers, EventStore
-from spark_ops.ingest import IngestStats, ingest_clicks, stage_lines
-from spark_ops.join import EVENT_STORE_COUNTS, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
+from spark_ops.ingest import IngestStats, UnitOutput, ingest_clicks, stage_lines
+from spark_ops.join import EVENT_STORE_COUNTS, ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events
 from spark_ops.pending import PendingPolicy
@@ -89,25 +88,14 @@ def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, d
     ],
     name="join_clicks",
 )
-def join_clicks(
-    context: dg.AssetExecutionContext,
-    config: WorkUnitConfig,
-    spark: SparkResource,
-    warehouse: WarehouseResource,
-    registry: IdRegistryResource,
-    settings: PipelineSettings,
-):
-    with metered() as meter, spark.jobs_counted(f"{context.run_id}/join_clicks") as jobs:
-        session = spark.session()
-        session.conf.get("spark.sql.shuffle.partitions")  # the first call: a Connect client reaches its server here
-        start_costs = run_start_costs(context)
-        meter.phase("spark_session")
-        tables = warehouse.tables()
-        named = config
-        config = unit_to_run(context, config, "click", warehouse.layout, registry.get(), settings)
-        if config is None:
-            yield from tables_as_they_are(session, tables, ["click_ledger", "joined_clicks", "unjoinable_clicks"], named.dc)
+def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark: SparkResource,
+              warehouse: WarehouseResource, registry: IdRegistryResource, settings: PipelineSettings):
+    with run_opening(context, config, "click", spark, warehouse, registry, settings) as opening:
+        if opening.unit is None:
+            yield from tables_as_they_are(opening.session, opening.tables, ["click_ledger", "joined_clicks",
+                                                                            "unjoinable_clicks"], config.dc)
             return
+        config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
         batched_before = registry.get().counters()["total"]
         ingest, stats, digest = join_pass(config, session, warehouse, registry, settings, tables, meter)
         batching = registry_batching(batched_before, registry.get().counters()["total"])
@@ -120,7 +108,7 @@ def join_clicks(
         pending_rows = row_count(session, "pending_clicks", tables["pending_clicks"])
         quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if ingest.quarantined else 0
         meter.phase("row_counts")
-        cost = {**meter.metadata(), **jobs(), **start_costs}
+        cost = opening.cost()
     yield dg.MaterializeResult(
         asset_key="click_ledger",
         metadata={
@@ -134,32 +122,10 @@ def join_clicks(
             **watermark_metadata(watermark),
         },
     )
-    lag = None if ingest.max_timestamp_us is None else time.time() - ingest.max_timestamp_us / 1e6
     yield dg.MaterializeResult(
         asset_key="joined_clicks",
-        metadata={
-            **table_uri(tables, "joined_clicks"),
-            **common,
-            "dagster/row_count": joined_rows,
-            **{f"clicks_{k}": v for k, v in stats.counts().items() if k not in EVENT_STORE_COUNTS},
-            **{f"eventstore_{k}": v for k, v in stats.counts().items() if k in EVENT_STORE_COUNTS},
-            # The share of this pass's query lookups the memory tier answered.
-            "eventstore_memory_hit_ratio": dg.FloatMetadataValue(stats.memory_hit_ratio),
-            "pending_clicks_in_dc": digest.pending,
-            # From the clicks' event time to this run's output commit.
-            **{f"latency_{k}_seconds": dg.FloatMetadataValue(stats.latency_seconds.get(k)) for k in ("p50", "p90")},
-            # The registry's server-side batching while this pass ran (every caller's requests).
-            "registry_ids_per_transaction": dg.FloatMetadataValue(batching),
-            "event_time_lag_seconds": dg.FloatMetadataValue(lag),
-            # Window advice (Facebook §6.5): click time minus query time of this run's joins.
-            **{f"join_delay_{k}_seconds": dg.FloatMetadataValue(stats.delay_seconds.get(k)) for k in ("p50", "p99", "max")},
-            "join_delay_p99_share_of_window": dg.FloatMetadataValue(
-                stats.delay_seconds["p99"] / settings.unjoinable_after_seconds if stats.delay_seconds else None),
-            "window_advice": window_advice(stats.delay_seconds, settings.unjoinable_after_seconds) or "no clicks joined",
-            # The join's own steps, within phase_join_total_seconds.
-            **{f"join_{k}_seconds": v for k, v in stats.phase_seconds.items()},
-            **cost,
-        },
+        metadata={**table_uri(tables, "joined_clicks"), **common, "dagster/row_count": joined_rows,
+                  **joined_clicks_metadata(ingest, stats, digest, batching, settings), **cost},
     )
     context.log_event(pending_clicks_changed(tables, pending_rows, common, digest.pending))
     if ingest.quarantined:
@@ -173,6 +139,31 @@ def join_clicks(
             "clicks_added": stats.unjoinable,
         },
     )
+
+
+def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: PendingDigest, batching: float | None,
+                           settings: PipelineSettings) -> dict:
+    """What a click pass reports on `joined_clicks`: its counts, latency, batching and window advice."""
+    lag = None if ingest.max_timestamp_us is None else time.time() - ingest.max_timestamp_us / 1e6
+    return {
+        **{f"clicks_{k}": v for k, v in stats.counts().items() if k not in EVENT_STORE_COUNTS},
+        **{f"eventstore_{k}": v for k, v in stats.counts().items() if k in EVENT_STORE_COUNTS},
+        # The share of this pass's query lookups the memory tier answered.
+        "eventstore_memory_hit_ratio": dg.FloatMetadataValue(stats.memory_hit_ratio),
+        "pending_clicks_in_dc": digest.pending,
+        # From the clicks' event time to this run's output commit.
+        **{f"latency_{k}_seconds": dg.FloatMetadataValue(stats.latency_seconds.get(k)) for k in ("p50", "p90")},
+        # The registry's server-side batching while this pass ran (every caller's requests).
+        "registry_ids_per_transaction": dg.FloatMetadataValue(batching),
+        "event_time_lag_seconds": dg.FloatMetadataValue(lag),
+        # Window advice (Facebook §6.5): click time minus query time of this run's joins.
+        **{f"join_delay_{k}_seconds": dg.FloatMetadataValue(stats.delay_seconds.get(k)) for k in ("p50", "p99", "max")},
+        "join_delay_p99_share_of_window": dg.FloatMetadataValue(
+            stats.delay_seconds["p99"] / settings.unjoinable_after_seconds if stats.delay_seconds else None),
+        "window_advice": window_advice(stats.delay_seconds, settings.unjoinable_after_seconds) or "no clicks joined",
+        # The join's own steps, within phase_join_total_seconds.
+        **{f"join_{k}_seconds": v for k, v in stats.phase_seconds.items()},
+    }
 
 
 def join_pass(
@@ -199,7 +190,7 @@ def join_pass(
     else:
         parsed = stage_lines(session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(),
                              settings.max_line_bytes, staging / "lines")
-        ingest = ingest_clicks(parsed, staging / "lines", config.dc, config.work_unit, config.attempt, tables,
+        ingest = ingest_clicks(parsed, staging / "lines", UnitOutput(config.dc, config.work_unit, config.attempt, tables),
                                validity.latest_valid_us,
                                EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
         # Pending clicks that query data arrived for are retried here rather than by a run of
@@ -210,22 +201,11 @@ def join_pass(
         ).ready
         work = JoinInput(events(parsed), policy.due(session, pending_path, config.dc, staging / "due") if retrying else None)
     meter.phase("parse_and_ledger")
-    stats = join_work_unit(
-        session,
-        work,
-        event_store(session, tables, warehouse, config.dc, settings),
-        registry.get(),
-        config.token,
-        config.attempt,
-        config.dc,
-        staging,
-        tables,
-        policy,
-        adapter=load_adapter(settings.adapter),
-        checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
-        validity=validity,
-        max_clicks_per_query=settings.max_clicks_per_query,
-    )
+    unit = ClickPass(session, registry.get(), event_store(session, tables, warehouse, config.dc, settings), policy,
+                     config.token, config.attempt, config.dc, staging, tables, adapter=load_adapter(settings.adapter),
+                     checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
+                     validity=validity, max_clicks_per_query=settings.max_clicks_per_query)
+    stats = join_work_unit(unit, work)
     meter.phase("join_total")
     digest = policy.digest(pending_path, config.dc)
     digest.save(warehouse.layout.pending_digest_file(config.dc))

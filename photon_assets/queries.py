@@ -9,15 +9,16 @@ import dagster as dg
 from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
 from photon_assets.watermarks import pass_watermark, watermark_metadata
-from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_start_costs, unit_to_run
+from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
+from resources.event_store.memory_tier import Holding
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.state.sidecars import EventTimeWatermark
-from spark_ops.ingest import IngestStats, ingest_queries, line_stats, stage_queries
-from spark_ops.meter import PassMeter, metered
+from spark_ops.ingest import IngestStats, UnitOutput, ingest_queries, line_stats, stage_queries
+from spark_ops.meter import PassMeter
 from spark_ops.registry_calls import QueryPut
 from spark_ops.tables import row_count
 
@@ -45,25 +46,13 @@ from spark_ops.tables import row_count
     ],
     name="ingest_query_logs",
 )
-def ingest_query_logs(
-    context: dg.AssetExecutionContext,
-    config: WorkUnitConfig,
-    spark: SparkResource,
-    warehouse: WarehouseResource,
-    registry: IdRegistryResource,
-    settings: PipelineSettings,
-):
-    with metered() as meter, spark.jobs_counted(f"{context.run_id}/ingest_query_logs") as jobs:
-        session = spark.session()
-        session.conf.get("spark.sql.shuffle.partitions")  # the first call: a Connect client reaches its server here
-        start_costs = run_start_costs(context)
-        meter.phase("spark_session")
-        tables = warehouse.tables()
-        named = config
-        config = unit_to_run(context, config, "query", warehouse.layout, registry.get(), settings)
-        if config is None:
-            yield from tables_as_they_are(session, tables, ["query_logs", "log_file_map"], named.dc)
+def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark: SparkResource,
+              warehouse: WarehouseResource, registry: IdRegistryResource, settings: PipelineSettings):
+    with run_opening(context, config, "query", spark, warehouse, registry, settings) as opening:
+        if opening.unit is None:
+            yield from tables_as_they_are(opening.session, opening.tables, ["query_logs", "log_file_map"], config.dc)
             return
+        config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
         stats, boundary, entries_added = ingest_pass(config, session, warehouse, registry, settings, tables, meter)
         memory = registry.get().counters().get("recent_queries", {}).get(config.dc, {})
         watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
@@ -71,7 +60,7 @@ def ingest_query_logs(
         map_rows = row_count(session, "log_file_map", tables["log_file_map"])
         quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if stats.quarantined else 0
         meter.phase("row_counts")
-        cost = {**meter.metadata(), **jobs(), **start_costs}
+        cost = opening.cost()
     lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
     common = {
         "dc": config.dc,
@@ -125,8 +114,8 @@ def ingest_pass(
     latest_valid = config.clock() + int(settings.future_tolerance_seconds * 1e6)
     before = QueryProgress.load(progress_file).max_ts
     client = registry.get()
-    put = QueryPut(client, config.dc, config.work_unit, config.attempt, before, latest_valid,
-                   settings.query_memory_seconds, settings.query_memory_bytes,
+    put = QueryPut(client, config.dc, config.work_unit, config.attempt, before,
+                   Holding(latest_valid, settings.query_memory_seconds, settings.query_memory_bytes),
                    tailed=client.tail_state(config.dc) is not None)
     try:
         parsed = stage_queries(session, warehouse.stream_dir(config.dc, "query"), config.byte_ranges(),
@@ -138,8 +127,9 @@ def ingest_pass(
         boundary = durable_tier_boundary_us(newest or None, settings.query_cache_retention_seconds)
         if boundary is not None:
             QueryCache.caching_from(warehouse.layout.query_cache_file(config.dc), boundary)
-        entries_added = ingest_queries(parsed, staging / "parsed", stats, config.dc, config.work_unit, config.attempt,
-                                       tables, settings.log_file_map_every_seconds, settings.log_file_map_every_bytes,
+        entries_added = ingest_queries(parsed, staging / "parsed", stats,
+                                       UnitOutput(config.dc, config.work_unit, config.attempt, tables),
+                                       settings.log_file_map_every_seconds, settings.log_file_map_every_bytes,
                                        cache_since_us=boundary)
         meter.phase("append")
     finally:

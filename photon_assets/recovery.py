@@ -73,6 +73,28 @@ def recover_clicks(
         refresh_aggregates(session, tables["joined_clicks"], tables["click_aggregates"], full=True)
     staged = layout.staging / f"recovery-{context.run_id}"
     ids = registry.get()
+    counts, tokens, cleared, dcs, recovered_units = reinject_lost_clicks(context, session, tables, ids, staged)
+    # The pending-click dispatchers of these datacenters act on their digests.
+    for dc in dcs:
+        policy = pending_policy(QueryProgress.load(layout.query_progress_file(dc)), settings)
+        policy.digest(tables["pending_clicks"], dc).save(layout.pending_digest_file(dc))
+    if counts["without_source"]:
+        context.log.error(
+            f"{counts['without_source']} lost id(s) have no click in the ledger to re-inject; they stay "
+            "registered (and reported by the registry_matches_output check)"
+        )
+    result = {**counts, "tokens_cleared": len(tokens), "token_ids_cleared": cleared,
+              "datacenters": dcs, "missing_files": missing_files, "recovered_work_units": recovered_units}
+    context.log.info(f"recovery: {result}")
+    return dg.Output(result, metadata={k: dg.JsonMetadataValue(v) if isinstance(v, (dict, list)) else v
+                                       for k, v in result.items()})
+
+
+def reinject_lost_clicks(context: dg.OpExecutionContext, session, tables: dict[str, str], ids, staged) -> tuple:
+    """The clicks of lost ids (registered, with no output) and untracked clicks (in the ledger and
+    nowhere else) re-injected as pending and unregistered; the tokens of confirmed output cleared; the
+    failed click units whose clicks are all accounted for marked recovered. Returns the counts, the
+    tokens, the token ids cleared, the datacenters re-injected into and the units recovered."""
     held = []
 
     def keep(df):
@@ -114,20 +136,7 @@ def recover_clicks(
         for df in held:
             df.unpersist()
         shutil.rmtree(staged, ignore_errors=True)
-    # The pending-click dispatchers of these datacenters act on their digests.
-    for dc in dcs:
-        policy = pending_policy(QueryProgress.load(layout.query_progress_file(dc)), settings)
-        policy.digest(tables["pending_clicks"], dc).save(layout.pending_digest_file(dc))
-    if counts["without_source"]:
-        context.log.error(
-            f"{counts['without_source']} lost id(s) have no click in the ledger to re-inject; they stay "
-            "registered (and reported by the registry_matches_output check)"
-        )
-    result = {**counts, "tokens_cleared": len(tokens), "token_ids_cleared": cleared,
-              "datacenters": dcs, "missing_files": missing_files, "recovered_work_units": recovered_units}
-    context.log.info(f"recovery: {result}")
-    return dg.Output(result, metadata={k: dg.JsonMetadataValue(v) if isinstance(v, (dict, list)) else v
-                                       for k, v in result.items()})
+    return counts, tokens, cleared, dcs, recovered_units
 
 
 def clicks_accounted(session, tables: dict[str, str], record: dg.RunRecord) -> bool:

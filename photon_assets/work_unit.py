@@ -5,14 +5,18 @@ are in flight, which failed for good."""
 
 import datetime
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import dagster as dg
 from pydantic import Field
 
 from resources.state.layout import DataLayout
-from resources.registry.ownership import claim_units, divide_clicks, shared_among_datacenters
+from resources.registry.ownership import Share, claim_units, divide_clicks, shared_among_datacenters
 from resources.settings import PipelineSettings, pipeline_settings
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog, new_ranges, skipped_unit
+from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import ByteRange
 
 LOG_RANGES = "log_ranges"  # newly arrived bytes of log files
@@ -64,8 +68,47 @@ def catch_up_config(dc: str, unit: WorkUnit) -> dict:
             "ranges": [{"file": f, "start": s, "end": e} for f, s, e in unit.ranges]}
 
 
+@dataclass
+class WorkUnitMaker:
+    """The one maker of a datacenter's work units, for the dispatchers and for a catch-up run: under
+    the stream's work unit log lock (`locked`), this datacenter's share of the new lines (with several
+    replicas, by the registry's leases and claims: `share`), cut into units that are recorded in the
+    log and then claimed in the registry (`claim`), before any run is requested. `registry` gives the
+    IdRegistry when it is first needed (a single datacenter never asks it)."""
+
+    layout: DataLayout
+    dc: str
+    stream: str
+    registry: Callable[[], Any]
+    settings: PipelineSettings
+
+    @property
+    def shared(self) -> bool:
+        return shared_among_datacenters(self.stream, self.layout.replicas())
+
+    @contextmanager
+    def locked(self) -> Iterator[WorkUnitLog]:
+        with WorkUnitLog.locked(self.layout.work_unit_log(self.dc, self.stream)) as log:
+            yield log
+
+    def new_ranges(self, log: WorkUnitLog) -> list[tuple[str, int, int]]:
+        return new_ranges(self.layout.stream_dir(self.dc, self.stream), log.next_offsets())
+
+    def share(self, ranges: list, waiting: dict) -> Share | None:
+        """This datacenter's share of `ranges` (None: the stream is not shared, or nothing is new)."""
+        if not (self.shared and ranges):
+            return None
+        return divide_clicks(self.registry(), self.dc, ranges, waiting, self.settings.takeover_grace_seconds,
+                             time.time())
+
+    def claim(self, units: list[WorkUnit]) -> None:
+        """Claims recorded units in the registry, so that the other datacenters wait for their bytes."""
+        if self.shared:
+            claim_units(self.registry(), self.dc, self.stream, units)
+
+
 def unit_to_run(context: dg.AssetExecutionContext, config: WorkUnitConfig, stream: str, layout: DataLayout,
-                registry, settings: PipelineSettings) -> WorkUnitConfig | None:
+                registry: Callable[[], Any], settings: PipelineSettings) -> WorkUnitConfig | None:
     """The work unit this run does: the one its config names, else a catch-up unit it cuts now of
     every complete line of its datacenter's `stream` not yet in a work unit (None: there is none).
 
@@ -80,12 +123,11 @@ def unit_to_run(context: dg.AssetExecutionContext, config: WorkUnitConfig, strea
     if dc not in replicas:
         raise dg.Failure(f"no logs of datacenter {dc!r} under {layout.logs}: datacenters there are {replicas}")
     clock_us = time.time_ns() // 1000
-    with WorkUnitLog.locked(layout.work_unit_log(dc, stream)) as log:
-        ranges = new_ranges(layout.stream_dir(dc, stream), log.next_offsets())
-        skipped = []
-        active_active = shared_among_datacenters(stream, replicas)
-        if active_active and ranges:
-            share = divide_clicks(registry, dc, ranges, {}, settings.takeover_grace_seconds, time.time())
+    maker = WorkUnitMaker(layout, dc, stream, registry, settings)
+    with maker.locked() as log:
+        ranges, skipped = maker.new_ranges(log), []
+        share = maker.share(ranges, {})
+        if share is not None:
             ranges, skipped = share.cut, share.skipped
         seq = len(log.units)
         unit = WorkUnit(f"{dc}.{stream}.{seq:08d}.{context.run_id[:8]}", seq, tuple(ranges),
@@ -95,8 +137,7 @@ def unit_to_run(context: dg.AssetExecutionContext, config: WorkUnitConfig, strea
                                                            TAG_WORK_UNIT: unit.id, TAG_ATTEMPT: "1"})
         log.append(([unit] if unit else []) + ([skipped_unit(f"{dc}.{stream}", seq + bool(unit), skipped)]
                                                if skipped else []))
-        if unit is not None and active_active:
-            claim_units(registry, dc, stream, [unit])
+        maker.claim([unit] if unit else [])
     if unit is None:
         context.log.info(f"catch-up: no complete lines of logs/{dc}/{stream}/ outside a work unit")
         return None
@@ -208,3 +249,31 @@ def run_start_costs(context: dg.AssetExecutionContext) -> dict[str, float]:
     ).records
     launched = launches[0].event_log_entry.timestamp if launches else created
     return {"queued_seconds": round(launched - created, 3), "launch_to_spark_seconds": round(now - launched, 3)}
+
+
+@dataclass
+class RunOpening:
+    """What a work unit's asset starts from: the Spark session reached, the tables, the unit to run
+    (None: a catch-up run found nothing to cut) and the pass's meter; `cost()` gives the run's phases,
+    Spark jobs and start costs as metadata."""
+
+    session: Any
+    tables: dict[str, str]
+    unit: WorkUnitConfig | None
+    meter: PassMeter
+    cost: Callable[[], dict]
+
+
+@contextmanager
+def run_opening(context: dg.AssetExecutionContext, config: WorkUnitConfig, stream: str, spark, warehouse, registry,
+                settings: PipelineSettings) -> Iterator[RunOpening]:
+    """The opening the query and click assets share: the pass metered and its Spark jobs counted
+    from the first call to Spark, then the unit this run does (`unit_to_run`)."""
+    with metered() as meter, spark.jobs_counted(f"{context.run_id}/{context.op_def.name}") as jobs:
+        session = spark.session()
+        session.conf.get("spark.sql.shuffle.partitions")  # the first call: a Connect client reaches its server here
+        start_costs = run_start_costs(context)
+        meter.phase("spark_session")
+        tables = warehouse.tables()
+        unit = unit_to_run(context, config, stream, warehouse.layout, registry.get, settings)
+        yield RunOpening(session, tables, unit, meter, lambda: {**meter.metadata(), **jobs(), **start_costs})

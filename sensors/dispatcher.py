@@ -14,7 +14,7 @@ units under the same run keys (which the daemon de-duplicates).
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
@@ -28,12 +28,12 @@ from photon_assets.work_unit import (
     TAG_KIND,
     TAG_STREAM,
     TAG_WORK_UNIT,
+    WorkUnitMaker,
     log_runs_in_flight,
     work_units_failed_for_good,
     work_units_in_flight,
 )
 from resources.state.layout import DataLayout
-from resources.registry.ownership import claim_units, divide_clicks, shared_among_datacenters
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.event_store.progress import QueryTail, known_query_progress
@@ -211,81 +211,105 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
     )
     def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings,
                     registry: IdRegistryResource) -> dg.SensorResult:
-        cursor = read_cursor(context.cursor, requested=0, held={}, paced_ticks=0, waiting={})
-        cursor.pop("held_since", None)  # the whole-tick hold of earlier versions
-        layout = DataLayout(Path(data_dir))
-        # Held from reading the offsets to the append: a catch-up run may cut units too.
-        with WorkUnitLog.locked(layout.work_unit_log(dc, stream)) as log:
-            stream_dir = layout.stream_dir(dc, stream)
-            observations, hold_reason = [], ""
-            in_flight = log_runs_in_flight(context.instance, dc, stream)
-            backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
-            ranges = [] if backed_up else new_ranges(stream_dir, log.next_offsets())
-            tail = QueryTail.load(layout.query_tail_file(dc))
-            deferred = query_run_deferred(stream, ranges, cursor, tail, settings, time.time())
-            if stream == "query":
-                cursor["deferred"] = deferred
-            if backed_up:
-                hold_reason = (f"back-pressure: {in_flight} work unit(s) of logs/{dc}/{stream}/ queued or running; "
-                               "new lines are cut when one finishes")
-            elif deferred:
-                hold_reason = (f"the query tailer feeds the memory tier: logs/{dc}/query/ is cut for the durable "
-                               f"tier every {settings.query_run_every_seconds:.0f} s")
-                ranges = []
-            elif stream == "click":
-                waiting = bool(ranges) and query_data_waiting(layout, dc, context.instance, tail)
-                pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time(),
-                                     query_watermark_file(layout, dc, tail))
-                if pacing.held and not cursor["held"]:
-                    context.log.info(pacing.reason)
-                    observations.append(pacing_observation(dc, True, pacing.ahead_seconds))
-                elif cursor["held"] and not pacing.held:
-                    context.log.info(f"pacing: no click lines of {dc} held any more. {pacing.reason}")
-                    observations.append(pacing_observation(dc, False, pacing.ahead_seconds))
-                cursor["paced_ticks"] += bool(pacing.held)
-                cursor["held"] = pacing.held
-                ranges, hold_reason = pacing.ranges, pacing.reason
-            skipped = []
-            active_active = shared_among_datacenters(stream, layout.replicas())
-            if active_active and ranges:
-                share = divide_clicks(registry.get(), dc, ranges, cursor["waiting"], settings.takeover_grace_seconds,
-                                      time.time())
-                if share.taken_over:
-                    context.log.warning(f"taking over click lines of {sorted(share.taken_over)}: "
-                                        f"{sum(share.taken_over.values())} bytes (lease expired or past the grace)")
-                cursor["waiting"] = share.waiting
-                ranges, skipped = share.cut, share.skipped
-                if share.waiting and not ranges:
-                    hold_reason = hold_reason or (f"{len(share.waiting)} click file(s) are another datacenter's "
-                                                  "share while its lease lives")
-            max_bytes = work_unit_bytes(stream, sum(end - start for _, start, end in ranges), settings)
-            units = cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units), skipped)
-            # Recorded durably before any run is requested: a crash in between re-requests the same units.
-            log.append(units)
-            if units and stream == "query":
-                cursor["cut_at"] = time.time()  # the durable tier's cadence (query_run_deferred)
-            fresh: list[WorkUnit] = [u for u in log.units[cursor["requested"]:] if u.dispatched]
-            if active_active:
-                claim_units(registry.get(), dc, stream, fresh)
-            requested = len(log.units)
-        requests = [work_unit_request(dc, stream, LOG_RANGES, u.id, u.ranges) for u in fresh]
-        retries = plan_retries(context.instance, stream, dc, settings, layout)
-        requests += retries.run_requests
-        if retries.exhausted:
-            context.log.error(f"work units failed {settings.max_attempts} times: {retries.exhausted}")
-        skip = None
-        if not requests:
-            skip = hold_reason or f"no new complete lines in logs/{dc}/{stream}/"
-            if retries.waiting:
-                skip += f"; {len(retries.waiting)} failed work unit(s) waiting for their retry backoff"
-        return dg.SensorResult(
-            run_requests=requests,
-            cursor=write_cursor({**cursor, "requested": requested}),
-            skip_reason=skip,
-            asset_events=observations,
-        )
+        maker = WorkUnitMaker(DataLayout(Path(data_dir)), dc, stream, registry.get, settings)
+        return dispatch(context, maker)
 
     return _dispatcher
+
+
+@dataclass
+class Held:
+    """New lines a tick leaves uncut, why, and the pacing observations to log."""
+
+    ranges: list
+    reason: str = ""
+    observations: list = field(default_factory=list)
+
+
+def dispatch(context: dg.SensorEvaluationContext, maker: WorkUnitMaker) -> dg.SensorResult:
+    """One tick of a log dispatcher: new complete lines cut into work units (held back by
+    back-pressure, the query runs' cadence or pacing; only this datacenter's share), recorded and
+    claimed before their runs are requested, with the retries of failed units."""
+    dc, stream, settings = maker.dc, maker.stream, maker.settings
+    cursor = read_cursor(context.cursor, requested=0, held={}, paced_ticks=0, waiting={})
+    cursor.pop("held_since", None)  # the whole-tick hold of earlier versions
+    # Held from reading the offsets to the append: a catch-up run may cut units too.
+    with maker.locked() as log:
+        held = cut_now(context, maker, log, cursor)
+        ranges, skipped = held.ranges, []
+        share = maker.share(ranges, cursor["waiting"])
+        if share is not None:
+            if share.taken_over:
+                context.log.warning(f"taking over click lines of {sorted(share.taken_over)}: "
+                                    f"{sum(share.taken_over.values())} bytes (lease expired or past the grace)")
+            cursor["waiting"] = share.waiting
+            ranges, skipped = share.cut, share.skipped
+            if share.waiting and not ranges:
+                held.reason = held.reason or (f"{len(share.waiting)} click file(s) are another datacenter's "
+                                              "share while its lease lives")
+        max_bytes = work_unit_bytes(stream, sum(end - start for _, start, end in ranges), settings)
+        stream_dir = maker.layout.stream_dir(dc, stream)
+        units = cut_work_units(stream_dir, ranges, max_bytes, f"{dc}.{stream}", len(log.units), skipped)
+        # Recorded durably before any run is requested: a crash in between re-requests the same units.
+        log.append(units)
+        if units and stream == "query":
+            cursor["cut_at"] = time.time()  # the durable tier's cadence (query_run_deferred)
+        fresh: list[WorkUnit] = [u for u in log.units[cursor["requested"]:] if u.dispatched]
+        maker.claim(fresh)
+        cursor["requested"] = len(log.units)
+    return tick_result(context, maker, [work_unit_request(dc, stream, LOG_RANGES, u.id, u.ranges) for u in fresh],
+                       cursor, held)
+
+
+def cut_now(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, log: WorkUnitLog, cursor: dict) -> Held:
+    """The new lines to cut this tick: none under back-pressure or while the query tailer makes the
+    query runs wait for their cadence; click lines ahead of the query stream held back (pacing)."""
+    dc, stream, settings, layout = maker.dc, maker.stream, maker.settings, maker.layout
+    in_flight = log_runs_in_flight(context.instance, dc, stream)
+    backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
+    ranges = [] if backed_up else maker.new_ranges(log)
+    tail = QueryTail.load(layout.query_tail_file(dc))
+    deferred = query_run_deferred(stream, ranges, cursor, tail, settings, time.time())
+    if stream == "query":
+        cursor["deferred"] = deferred
+    if backed_up:
+        return Held([], f"back-pressure: {in_flight} work unit(s) of logs/{dc}/{stream}/ queued or running; "
+                        "new lines are cut when one finishes")
+    if deferred:
+        return Held([], f"the query tailer feeds the memory tier: logs/{dc}/query/ is cut for the durable "
+                        f"tier every {settings.query_run_every_seconds:.0f} s")
+    if stream != "click":
+        return Held(ranges)
+    waiting = bool(ranges) and query_data_waiting(layout, dc, context.instance, tail)
+    pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time(),
+                         query_watermark_file(layout, dc, tail))
+    observations = []
+    if pacing.held and not cursor["held"]:
+        context.log.info(pacing.reason)
+        observations.append(pacing_observation(dc, True, pacing.ahead_seconds))
+    elif cursor["held"] and not pacing.held:
+        context.log.info(f"pacing: no click lines of {dc} held any more. {pacing.reason}")
+        observations.append(pacing_observation(dc, False, pacing.ahead_seconds))
+    cursor["paced_ticks"] += bool(pacing.held)
+    cursor["held"] = pacing.held
+    return Held(pacing.ranges, pacing.reason, observations)
+
+
+def tick_result(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, requests: list[dg.RunRequest],
+                cursor: dict, held: Held) -> dg.SensorResult:
+    """The tick's runs (the fresh units' and the retries due), its cursor, and why it skipped if it did."""
+    dc, stream, settings = maker.dc, maker.stream, maker.settings
+    retries = plan_retries(context.instance, stream, dc, settings, maker.layout)
+    requests = requests + retries.run_requests
+    if retries.exhausted:
+        context.log.error(f"work units failed {settings.max_attempts} times: {retries.exhausted}")
+    skip = None
+    if not requests:
+        skip = held.reason or f"no new complete lines in logs/{dc}/{stream}/"
+        if retries.waiting:
+            skip += f"; {len(retries.waiting)} failed work unit(s) waiting for their retry backoff"
+    return dg.SensorResult(run_requests=requests, cursor=write_cursor(cursor), skip_reason=skip,
+                           asset_events=held.observations)
 
 
 def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None) -> dg.AssetObservation:

@@ -121,49 +121,50 @@ def log_file_map_entries(path: Path, every_seconds: float, every_bytes: int) -> 
     return both.group_by(both.column_names, use_threads=False).aggregate([])  # distinct
 
 
-def _with_unit(df: DataFrame, dc: str, work_unit: str) -> DataFrame:
-    return df.withColumn("dc", F.lit(dc)).withColumn("work_unit", F.lit(work_unit))
+@dataclass(frozen=True)
+class UnitOutput:
+    """Where a work unit's rows go: its datacenter, id and attempt (appends are once per unit:
+    spark_ops/tables.py, append_once) and the tables' paths."""
+
+    dc: str
+    work_unit: str
+    attempt: int
+    tables: dict[str, str]
+
+    def with_unit(self, df: DataFrame) -> DataFrame:
+        return df.withColumn("dc", F.lit(self.dc)).withColumn("work_unit", F.lit(self.work_unit))
+
+    def append(self, df: DataFrame, table: str) -> None:
+        append_once(df, table, self.tables[table], self.work_unit, self.attempt)
 
 
-def ingest_queries(
-    parsed: DataFrame,
-    path: Path,
-    stats: IngestStats,
-    dc: str,
-    work_unit: str,
-    attempt: int,
-    tables: dict[str, str],
-    map_every_seconds: float,
-    map_every_bytes: int,
-    cache_since_us: int | None = None,
-) -> int:
+def ingest_queries(parsed: DataFrame, path: Path, stats: IngestStats, unit: UnitOutput, map_every_seconds: float,
+                   map_every_bytes: int, cache_since_us: int | None = None) -> int:
     """A query unit's staged lines (`stage_queries`, at `path`) appended to the durable tier and the
     log file map. Queries older than `cache_since_us` skip the durable tier (query_logs): the log file
     map, which indexes every query, finds them. Returns the log file map entries added."""
-    queries = _with_unit(events(parsed), dc, work_unit)
+    queries = unit.with_unit(events(parsed))
     cached = queries if cache_since_us is None else queries.where(F.col("timestamp_us") >= cache_since_us)
-    append_once(cached, "query_logs", tables["query_logs"], work_unit, attempt)
+    unit.append(cached, "query_logs")
     entries = log_file_map_entries(path, map_every_seconds, map_every_bytes)
     if entries.num_rows:
         staged = unstage(parsed.sparkSession, pa.RecordBatchReader.from_batches(entries.schema, entries.to_batches()),
                          path.parent / "log_file_map")
-        append_once(_with_unit(staged, dc, work_unit), "log_file_map", tables["log_file_map"], work_unit, attempt)
-    _quarantine(parsed, stats, dc, "query", work_unit, attempt, tables)
+        unit.append(unit.with_unit(staged), "log_file_map")
+    _quarantine(parsed, stats, "query", unit)
     return entries.num_rows
 
 
-def ingest_clicks(parsed: DataFrame, path: Path, dc: str, work_unit: str, attempt: int, tables: dict[str, str],
-                  latest_valid_us: int | None = None, watermark_us: int | None = None) -> IngestStats:
+def ingest_clicks(parsed: DataFrame, path: Path, unit: UnitOutput, latest_valid_us: int | None = None,
+                  watermark_us: int | None = None) -> IngestStats:
     """Records a click work unit's staged lines (at `path`) in the ledger and quarantine."""
-    append_once(_with_unit(events(parsed), dc, work_unit), "click_ledger", tables["click_ledger"], work_unit, attempt)
+    unit.append(unit.with_unit(events(parsed)), "click_ledger")
     stats = line_stats(path, latest_valid_us=latest_valid_us, watermark_us=watermark_us)
-    _quarantine(parsed, stats, dc, "click", work_unit, attempt, tables)
+    _quarantine(parsed, stats, "click", unit)
     return stats
 
 
-def _quarantine(parsed: DataFrame, stats: IngestStats, dc: str, stream: str, work_unit: str, attempt: int,
-                tables: dict[str, str]) -> None:
+def _quarantine(parsed: DataFrame, stats: IngestStats, stream: str, unit: UnitOutput) -> None:
     # Most work units have no bad line, and an empty Delta commit still costs a second.
     if stats.quarantined:
-        append_once(quarantined(parsed, dc, stream, work_unit), "quarantined_lines",
-                    tables["quarantined_lines"], work_unit, attempt)
+        unit.append(quarantined(parsed, unit.dc, stream, unit.work_unit), "quarantined_lines")

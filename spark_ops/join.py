@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -41,7 +41,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from resources.registry.api import IdRegistry
-from spark_ops.event_store import EventStore, event_id_parts
+from spark_ops.event_store import EventStore, EventStoreStats, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
 from spark_ops.pending import PendingPolicy, record_pending
@@ -82,21 +82,15 @@ JUDGED_STATES = (FUTURE, IN_MEMORY, NOT_HELD, NOT_INGESTED)
 JOINED, DROPPED, GIVEN_UP, INVALID, CAPPED, PENDING = "joined", "dropped", "given_up", "invalid", "capped", "pending"
 UNJOINABLE_OUTCOMES = (DROPPED, GIVEN_UP, INVALID, CAPPED)
 # JoinStats counts that are the EventStore's (reported as eventstore_*).
-EVENT_STORE_COUNTS = ("memory_hits", "durable_hits", "logs_hits", "not_found", "not_ingested_yet", "logs_ranges_read",
-                      "logs_bytes_read")
+EVENT_STORE_COUNTS = tuple(f.name for f in fields(EventStoreStats))
 
 
 @dataclass
-class JoinStats:
+class JoinStats(EventStoreStats):
+    """A click pass's counts: the EventStore's (EVENT_STORE_COUNTS), the clicks' and the phases'."""
+
     looked_up: int = 0  # distinct clicks of the unit (new lines and retried pending clicks) looked up
     skipped_registered: int = 0
-    memory_hits: int = 0
-    durable_hits: int = 0
-    logs_hits: int = 0
-    not_found: int = 0
-    not_ingested_yet: int = 0
-    logs_ranges_read: int = 0
-    logs_bytes_read: int = 0
     pending: int = 0
     joined: int = 0
     dropped_by_adapter: int = 0
@@ -199,6 +193,29 @@ def cap_clicks(spark: SparkSession, registry: IdRegistry, adapted: DataFrame, to
     return within, ranked.where(F.col("rank") > F.col("granted")).select(*adapted.columns)
 
 
+@dataclass(frozen=True)
+class ClickPass:
+    """One click run's pass over its work unit: what every step of the join needs and that is fixed
+    for the pass, built once from the run (photon_assets/clicks.py: `click_pass`) and handed down.
+    `token`: the work unit's id, the registry token of its commits. `validity`: the timestamp rules
+    (spark_ops/validity.py); None judges no timestamp. `max_clicks_per_query`: 0 caps nothing.
+    `checkpoint(point)` is called at each of CRASH_POINTS (fault injection)."""
+
+    spark: SparkSession
+    registry: IdRegistry
+    event_store: EventStore
+    pending: PendingPolicy
+    token: str
+    attempt: int
+    dc: str
+    staging: Path
+    tables: dict[str, str]
+    adapter: Adapter = default_adapter
+    checkpoint: Callable[[str], None] = lambda point: None
+    validity: TimestampValidity | None = None
+    max_clicks_per_query: int = 0
+
+
 @dataclass
 class JoinInput:
     """A work unit's clicks: new log lines' events, and the due pending clicks it retries (their
@@ -208,80 +225,63 @@ class JoinInput:
     retried: DataFrame | None = None
 
 
-def join_work_unit(
-    spark: SparkSession,
-    work: JoinInput,
-    event_store: EventStore,
-    registry: IdRegistry,
-    token: str,
-    attempt: int,
-    dc: str,
-    staging: Path,
-    tables: dict[str, str],
-    pending: PendingPolicy,
-    adapter: Adapter = default_adapter,
-    checkpoint: Callable[[str], None] = lambda point: None,
-    validity: TimestampValidity | None = None,
-    max_clicks_per_query: int = 0,
-) -> JoinStats:
-    """One work unit's clicks joined exactly once (see the module docstring). `validity`: the
-    timestamp rules (spark_ops/validity.py); None judges no timestamp. `max_clicks_per_query`: 0
-    caps nothing."""
+def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
+    """One work unit's clicks joined exactly once (see the module docstring)."""
     stats = JoinStats()
     mark = time.monotonic()
+    staging = unit.staging
     staging.mkdir(parents=True, exist_ok=True)
-    resolve = partial(_resolve, spark, registry=registry, token=token, pending=pending, adapter=adapter,
-                      validity=validity, cap=max_clicks_per_query, stats=stats)
+    resolve = partial(_resolve, unit, stats=stats)
     try:
         parts = [click_columns(df) for df in (work.clicks, work.retried) if df is not None]
         if not parts:
             return stats
         clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        looked = _looked(spark, clicks, registry, token, dc, event_store, pending, validity, staging)
-        checkpoint("before_registry_commit")
+        looked = _looked(unit, clicks)
+        unit.checkpoint("before_registry_commit")
         outcomes = resolve(looked, None, staging / "outcomes")
         mark = stats.timed("lookup_judge_commit", mark)
         if stats.looked_up == 0:
             return stats
         if stats.beyond_memory:
             beyond = outcomes.where(F.col("state") == BEYOND_MEMORY)
-            found = _find(beyond, event_store, stats)
+            found = _find(beyond, unit.event_store, stats)
             outcomes = outcomes.where(F.col("state") != BEYOND_MEMORY).unionByName(
                 resolve(beyond.select(*looked.columns), found, staging / "outcomes_beyond"))
             mark = stats.timed("eventstore", mark)
         joins = staged_joins([staging / "outcomes", staging / "outcomes_beyond"])
         stats.delay_seconds = join_delays(joins)
-        checkpoint("after_registry_commit")
+        unit.checkpoint("after_registry_commit")
 
-        _write(outcomes, work.retried, stats, token, attempt, dc, tables)
+        _write(unit, outcomes, work.retried, stats)
         stats.latency_seconds = output_latency(joins, time.time())
         mark = stats.timed("write", mark)
-        checkpoint("after_output_write")
+        unit.checkpoint("after_output_write")
 
         # Output durable: the registry need not keep this token any more.
-        registry.clear_tokens(token)
+        unit.registry.clear_tokens(unit.token)
         stats.timed("clear_tokens", mark)
         return stats
     finally:
-        event_store.release()
+        unit.event_store.release()
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _looked(spark: SparkSession, clicks: DataFrame, registry: IdRegistry, token: str, dc: str, event_store: EventStore,
-            pending: PendingPolicy, validity: TimestampValidity | None, staging: Path) -> DataFrame:
+def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
     """The clicks, one row per click_id, with their registry entry, their query's line and time when
     the memory tier holds it, and their `state` (see STATES). A miss is conclusive above the memory
     tier's horizon, read by each task after its lookups (a later eviction only raises it)."""
-    looked = lookup_clicks(spark, registry, clicks.dropDuplicates(["click_id"]), dc, event_store.query_dir,
-                           event_store.max_line_bytes, staging / "lookup")
+    spark, store, validity = unit.spark, unit.event_store, unit.validity
+    looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store.query_dir,
+                           store.max_line_bytes, unit.staging / "lookup")
     ip, pid, query_ts = event_id_parts("query_id")
     looked = (
         looked.withColumn("query_writer", F.concat_ws(":", ip, pid))
         .withColumn("query_ts", query_ts)
-        .join(F.broadcast(pending.progress_frame(spark).select("query_writer", "writer_ts")), "query_writer", "left")
+        .join(F.broadcast(unit.pending.progress_frame(spark).select("query_writer", "writer_ts")), "query_writer", "left")
     )
     status, line, horizon = F.col("registry_status"), F.col("line"), F.col("memory_horizon_ts")
-    taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != token))
+    taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != unit.token))
     future = F.lit(False) if validity is None else validity.from_future(F.col("timestamp_us"))
     ingested = F.coalesce(F.col("writer_ts") >= F.col("query_ts"), F.lit(False))
     # What the memory tier was fed up to: by a query tailer, the writer's time it put; by query runs
@@ -311,8 +311,7 @@ def _find(beyond: DataFrame, event_store: EventStore, stats: JoinStats) -> DataF
     return found
 
 
-def _judged(looked: DataFrame, found: DataFrame | None, token: str, pending: PendingPolicy,
-            validity: TimestampValidity | None) -> DataFrame:
+def _judged(unit: ClickPass, looked: DataFrame, found: DataFrame | None) -> DataFrame:
     """Each click with its `outcome` (joined, invalid timestamp, given up or pending, for the judged
     states; null for the others), its `reason`, and the record it leaves if still pending. The query
     is judged by its time; its line is parsed only for the output. `found`: lines of misses beyond
@@ -325,12 +324,12 @@ def _judged(looked: DataFrame, found: DataFrame | None, token: str, pending: Pen
                 .withColumn("query_timestamp_us", F.coalesce("query_timestamp_us", "found_ts"))
                 .withColumn("state", F.when(F.col("line").isNotNull(), IN_MEMORY).otherwise(NOT_HELD))
                 .drop("found_line", "found_ts"))
-    rows = pending.judge(
+    rows = unit.pending.judge(
         rows.select(*CLICK_FIELDS, "attempts", "last_attempt_unit", "state", "query_timestamp_us", "line",
-                    "memory_vouched_ts"), token)
+                    "memory_vouched_ts"), unit.token)
     state, has_query = F.col("state"), F.col("line").isNotNull()
-    early = (F.lit(False) if validity is None
-             else validity.before_query(F.col("timestamp_us"), F.col("query_timestamp_us")))
+    early = (F.lit(False) if unit.validity is None
+             else unit.validity.before_query(F.col("timestamp_us"), F.col("query_timestamp_us")))
     judged = state.isin(*JUDGED_STATES)
     outcome = (F.when(~judged, F.lit(None)).when(state == FUTURE, INVALID).when(has_query & early, INVALID)
                .when(has_query, JOINED).when(F.col("give_up"), GIVEN_UP).otherwise(PENDING))
@@ -339,8 +338,7 @@ def _judged(looked: DataFrame, found: DataFrame | None, token: str, pending: Pen
     return rows.withColumn("outcome", outcome).withColumn("reason", reason).drop("give_up")
 
 
-def _refined(spark: SparkSession, judged: DataFrame, registry: IdRegistry, token: str, adapter: Adapter, cap: int,
-             staging: Path) -> DataFrame:
+def _refined(unit: ClickPass, judged: DataFrame, staging: Path) -> DataFrame:
     """The joined pairs, as (click, query) rows, through the adapter (business logic that may alter or
     drop rows: dropped ones are unjoinable) and the per-query cap (resources/registry/click_caps.py: those past
     their query's grant are unjoinable as capped); the other rows as they were."""
@@ -352,14 +350,14 @@ def _refined(spark: SparkSession, judged: DataFrame, registry: IdRegistry, token
     joined = judged.where(is_joined)
     schema = TABLE_SCHEMAS["joined_clicks"][0]
     pairs = with_query_struct(joined.select(*CLICK_FIELDS, "line"))
-    adapted = adapter(pairs).select(*[c for c in schema.fieldNames() if c in pairs.columns])
+    adapted = unit.adapter(pairs).select(*[c for c in schema.fieldNames() if c in pairs.columns])
     parts = [judged.where(~is_joined)]
-    if adapter is not default_adapter:
+    if unit.adapter is not default_adapter:
         adapted = materialize(adapted, staging / "adapted")
         dropped = joined.join(adapted.select("click_id"), "click_id", "left_anti").select(*CLICK_FIELDS)
         parts.append(outcome(dropped, DROPPED, DROPPED_REASON))
-    if cap > 0:
-        adapted, capped = cap_clicks(spark, registry, adapted, token, cap, staging)
+    if unit.max_clicks_per_query > 0:
+        adapted, capped = cap_clicks(unit.spark, unit.registry, adapted, unit.token, unit.max_clicks_per_query, staging)
         parts.append(outcome(capped.select(*CLICK_FIELDS), CAPPED, CAPPED_REASON))
     # The query's time goes along for the window advice (join_delays), whatever the adapter kept.
     adapted = adapted.join(joined.select("click_id", "query_timestamp_us"), "click_id")
@@ -370,19 +368,16 @@ def _refined(spark: SparkSession, judged: DataFrame, registry: IdRegistry, token
     return refined
 
 
-def _resolve(spark: SparkSession, looked: DataFrame, found: DataFrame | None, path: Path, *, registry: IdRegistry,
-             token: str, pending: PendingPolicy, adapter: Adapter, validity: TimestampValidity | None, cap: int,
-             stats: JoinStats) -> DataFrame:
+def _resolve(unit: ClickPass, looked: DataFrame, found: DataFrame | None, path: Path, *, stats: JoinStats) -> DataFrame:
     """Judges the looked-up clicks (`_judged`; `_refined` too when an adapter or a cap is set) and
     registers every id this work unit resolves with its token (the others are left pending or
     skipped), in one Spark job writing the outcomes, with their registry `status`, to `path`. The
     counts of the states, outcomes and answers are observed meanwhile and added to `stats`."""
-    judged = _judged(looked, found, token, pending, validity)
-    if adapter is not default_adapter or cap > 0:
-        judged = _refined(spark, materialize(judged, path.with_name(path.name + "_judged")), registry, token,
-                          adapter, cap, path.parent)
+    judged = _judged(unit, looked, found)
+    if unit.adapter is not default_adapter or unit.max_clicks_per_query > 0:
+        judged = _refined(unit, materialize(judged, path.with_name(path.name + "_judged")), path.parent)
     resolved = F.coalesce(F.col("outcome") != PENDING, F.lit(False))
-    committed = commit_ids(spark, registry, judged.withColumn("resolved", resolved), token,
+    committed = commit_ids(unit.spark, unit.registry, judged.withColumn("resolved", resolved), unit.token,
                            path.with_name(path.name + "_commit"), where="resolved").drop("resolved")
     state, outcome, status = F.col("state"), F.col("outcome"), F.col("status")
     counts = {name: F.count_if(state == name) for name in STATES}
@@ -407,12 +402,11 @@ def _resolve(spark: SparkSession, looked: DataFrame, found: DataFrame | None, pa
     return outcomes
 
 
-def _write(outcomes: DataFrame, retried: DataFrame | None, stats: JoinStats, token: str, attempt: int, dc: str,
-           tables: dict[str, str]) -> None:
+def _write(unit: ClickPass, outcomes: DataFrame, retried: DataFrame | None, stats: JoinStats) -> None:
     """The outputs, keyed by click_id, then the pending clicks' records (last: a retry of a unit
     that crashed before them retries the same pending clicks). A table with nothing to add is not
     touched: an empty commit still costs a Delta commit."""
-    now = F.current_timestamp()
+    now, token, dc, tables = F.current_timestamp(), unit.token, unit.dc, unit.tables
     outcome, held = F.col("outcome"), F.col("status") == "held"
     if stats.joined:
         schema = TABLE_SCHEMAS["joined_clicks"][0]
@@ -422,7 +416,7 @@ def _write(outcomes: DataFrame, retried: DataFrame | None, stats: JoinStats, tok
             joined = with_query_struct(joined.select(*CLICK_FIELDS, "line"))
         rows = joined.select(*[c for c in schema.fieldNames() if c in joined.columns],
                              F.lit(dc).alias("joined_by_dc"), now.alias("joined_at"), F.lit(token).alias("work_unit"))
-        write_output(rows, "joined_clicks", tables["joined_clicks"], "click_id", token, attempt)
+        write_output(rows, "joined_clicks", tables["joined_clicks"], "click_id", token, unit.attempt)
     if stats.unjoinable:
         too_old = (F.col("state") == TOO_OLD) | (F.col("status") == "too_old")
         rows = (
@@ -430,6 +424,6 @@ def _write(outcomes: DataFrame, retried: DataFrame | None, stats: JoinStats, tok
             .select(*CLICK_FIELDS, F.when(too_old, TOO_OLD_REASON).otherwise(F.col("reason")).alias("reason"),
                     F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
         )
-        write_output(rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", token, attempt)
+        write_output(rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", token, unit.attempt)
     if stats.pending or retried is not None:
         record_pending(tables["pending_clicks"], dc, outcomes.where(outcome == PENDING), retried)

@@ -18,8 +18,9 @@ stands (`current_pending`); table maintenance rewrites the log down to the curre
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import deltalake
@@ -27,12 +28,12 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from resources.event_store.progress import QueryProgress
-from resources.state.sidecars import load_document, locked, write_document
+from resources.state.sidecars import Document
 from spark_ops.event_store import event_id_parts
 from spark_ops.handoff import unstage
 from spark_ops.schemas import arrow_schema, literal_frame
@@ -48,9 +49,33 @@ PROGRESS_SCHEMA = T.StructType(
 )
 COLUMNS = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
 
+# The pending rule, written once in SQL that Spark (F.expr) and DuckDB both evaluate, and Python
+# through DuckDB (pending_retry_decision): which record of a click is its latest, and when a click has
+# reached the unjoinable age.
+LATEST_SQL = "row_number() OVER (PARTITION BY dc, click_id ORDER BY recorded_at DESC, resolved DESC) = 1"
+
+
+def age_reached_sql(progress_ts: int | None, unjoinable_after_seconds: float, event_ts: str = "timestamp_us") -> str:
+    """SQL: the click at `event_ts` is `unjoinable_after_seconds` or more behind the query stream's
+    progress (event time). Never, while the stream has no progress."""
+    if progress_ts is None:
+        return "FALSE"
+    return f"{int(progress_ts)} - {event_ts} >= {int(unjoinable_after_seconds * 1e6)}"
+
+
+_evaluator = threading.local()  # a DuckDB connection per thread: opening one costs ~40 ms
+
+
+def evaluate(condition_sql: str) -> bool:
+    """A condition of the rule on literal values, in Python (by an in-memory DuckDB: well under a
+    millisecond once the thread's connection is open)."""
+    if not hasattr(_evaluator, "con"):
+        _evaluator.con = duckdb.connect()
+    return bool(_evaluator.con.execute(f"SELECT {condition_sql}").fetchone()[0])
+
 
 @dataclass
-class PendingDigest:
+class PendingDigest(Document):
     """What a datacenter's pending clicks wait for, summarised when the last click run finished (a
     document of resources/state/sidecars.py, read by the dispatchers on every tick): per query
     writer, the smallest query timestamp not yet covered and the writer's backfills then; the oldest
@@ -65,14 +90,6 @@ class PendingDigest:
     retry_at: float | None = None  # when clicks joinable with the data present leave their backoff
     stream_ts: int = 0  # the query stream's progress the digest was made with
     updated_at: float = 0.0
-
-    @classmethod
-    def load(cls, path: Path) -> "PendingDigest":
-        return load_document(cls, path)
-
-    def save(self, path: Path) -> None:
-        with locked(path):
-            write_document(path, asdict(self))
 
 
 @dataclass(frozen=True)
@@ -98,7 +115,7 @@ def pending_retry_decision(
     # Clicks that had reached the age when the digest was made are covered by retry_at.
     stream_ts = progress.max_ts
     if (digest.oldest_ts is not None and stream_ts is not None and stream_ts > digest.stream_ts
-            and stream_ts - digest.oldest_ts >= unjoinable_after_seconds * 1e6):
+            and evaluate(age_reached_sql(stream_ts, unjoinable_after_seconds, str(int(digest.oldest_ts))))):
         return RetryDecision(True, "pending clicks reached the unjoinable age")
     if digest.retry_at is not None:
         if now >= digest.retry_at:
@@ -110,12 +127,7 @@ def pending_retry_decision(
 
 def current_pending(records: DataFrame) -> DataFrame:
     """The clicks still pending: each click's latest record (per datacenter), if not resolved."""
-    latest = Window.partitionBy("dc", "click_id").orderBy(F.col("recorded_at").desc(), F.col("resolved").desc())
-    return (
-        records.withColumn("_latest", F.row_number().over(latest))
-        .where((F.col("_latest") == 1) & ~F.col("resolved"))
-        .drop("_latest")
-    )
+    return records.withColumn("_latest", F.expr(LATEST_SQL)).where(F.col("_latest") & ~F.col("resolved")).drop("_latest")
 
 
 def pending_of(spark: SparkSession, path: str, dc: str | None = None) -> DataFrame:
@@ -126,11 +138,9 @@ def pending_of(spark: SparkSession, path: str, dc: str | None = None) -> DataFra
 
 # The current pending clicks (as current_pending), from a relation `records` of pending_clicks rows
 # (one datacenter's or all), in DuckDB.
-CURRENT_SQL = """
-    SELECT * EXCLUDE (latest) FROM (
-        SELECT *, row_number() OVER (PARTITION BY dc, click_id ORDER BY recorded_at DESC, resolved DESC) AS latest
-        FROM records)
-    WHERE latest = 1 AND NOT resolved"""
+CURRENT_SQL = f"""
+    SELECT * EXCLUDE (latest) FROM (SELECT *, {LATEST_SQL} AS latest FROM records)
+    WHERE latest AND NOT resolved"""
 
 
 @dataclass
@@ -147,10 +157,8 @@ class PendingPolicy:
     def _progress_rows(self) -> list[tuple]:
         return [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
 
-    def _age_reached(self, timestamp_us: Column) -> Column:
-        if self.progress.max_ts is None:
-            return F.lit(False)
-        return F.lit(self.progress.max_ts) - timestamp_us >= int(self.unjoinable_after_seconds * 1e6)
+    def _age_reached(self) -> Column:
+        return F.expr(age_reached_sql(self.progress.max_ts, self.unjoinable_after_seconds))
 
     def _ready(self, path: str, dc: str) -> duckdb.DuckDBPyRelation | None:
         """The datacenter's current pending clicks with `data_ready` (query data that could hold the
@@ -166,8 +174,7 @@ class PendingPolicy:
             [dict(zip(PROGRESS_SCHEMA.fieldNames(), row)) for row in self._progress_rows()],
             schema=arrow_schema(PROGRESS_SCHEMA)))
         con.execute(f"CREATE TEMP VIEW current AS {CURRENT_SQL}")
-        age = ("FALSE" if self.progress.max_ts is None else
-               f"{int(self.progress.max_ts)} - timestamp_us >= {int(self.unjoinable_after_seconds * 1e6)}")
+        age = age_reached_sql(self.progress.max_ts, self.unjoinable_after_seconds)
         return con.sql(f"""
             SELECT c.*,
                 (p.writer_ts IS NOT NULL AND p.writer_ts >= c.query_ts
@@ -215,7 +222,7 @@ class PendingPolicy:
             .withColumn("writer_ts_at_attempt", F.greatest("writer_ts", "memory_vouched_ts"))
             .withColumn("writer_backfills_at_attempt", F.coalesce(F.col("writer_backfills"), F.lit(0)).cast("int"))
             .withColumn("last_attempt_unit", F.lit(token))
-            .withColumn("give_up", self._age_reached(F.col("timestamp_us")) & (F.col("attempts") >= self.min_attempts))
+            .withColumn("give_up", self._age_reached() & (F.col("attempts") >= self.min_attempts))
             .withColumn(
                 "reason",
                 F.format_string(

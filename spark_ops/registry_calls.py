@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from resources.event_store.memory_tier import read_located
+from resources.event_store.memory_tier import Holding, read_located
 from resources.registry.api import IdRegistry
 from spark_ops.handoff import materialize, stage, unstage
 from spark_ops.schemas import arrow_schema
@@ -153,9 +153,7 @@ class QueryPut:
     unit: str
     attempt: int
     ingested_before_ts: int | None  # the query stream's progress before this unit
-    latest_valid_ts: int  # queries whose ids name a later time are from the future: held apart
-    retention_seconds: float
-    budget_bytes: int
+    holding: Holding  # how the memory tier holds the lines (its limits, what is from the future)
     # A query tailer feeds `dc`'s memory tier (photon/query_tail.py): the run puts nothing, and its
     # parse tasks still drop the lines' text from what they stage.
     tailed: bool = False
@@ -172,7 +170,7 @@ class QueryPut:
         if remote is None:
             return None
         dc, unit, attempt = self._args()
-        rest = (self.ingested_before_ts, self.latest_valid_ts, self.retention_seconds, self.budget_bytes)
+        rest = (self.ingested_before_ts, self.holding)
 
         def put(lines: pa.Table) -> None:
             from pyspark import TaskContext
@@ -186,8 +184,7 @@ class QueryPut:
         """All the unit's valid lines (query_id, timestamp_us, line), as one piece."""
         if self.tailed:
             return
-        self.registry.remember_queries(*self._args(), 0, lines, self.ingested_before_ts, self.latest_valid_ts,
-                                       self.retention_seconds, self.budget_bytes)
+        self.registry.remember_queries(*self._args(), 0, lines, self.ingested_before_ts, self.holding)
 
 
 def grant_clicks(spark: SparkSession, registry: IdRegistry, wanted: DataFrame, token: str, cap: int,

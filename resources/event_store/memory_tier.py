@@ -109,6 +109,22 @@ class _Datacenter:
         return sum(p.table.num_rows for p in self.pieces.values() if p.located)
 
 
+@dataclass(frozen=True)
+class Holding:
+    """How the memory tier holds a put's lines: queries whose ids name a time after `latest_valid_ts`
+    are from the future (held apart, see RecentQueries.put); pieces more than `retention_seconds`
+    behind the newest query, and the oldest past `budget_bytes`, are evicted."""
+
+    latest_valid_ts: int
+    retention_seconds: float
+    budget_bytes: int
+
+    @classmethod
+    def of(cls, doc: dict) -> "Holding":
+        """From the JSON of a registry call (a put's command, or a tailer's `tail`)."""
+        return cls(int(doc["latest_valid_ts"]), float(doc["retention_seconds"]), int(doc["budget_bytes"]))
+
+
 class RecentQueries:
     """Thread-safe; every call is short (Arrow compute over the pieces, no per-row Python)."""
 
@@ -117,11 +133,11 @@ class RecentQueries:
         self._dcs: dict[str, _Datacenter] = {}
 
     def put(self, dc: str, unit: str, attempt: int, part: int, queries: pa.Table, ingested_before_ts: int | None,
-            latest_valid_ts: int, retention_seconds: float, budget_bytes: int) -> dict:
+            holding: Holding) -> dict:
         """Holds one task's share of a work unit's query lines (`queries`: PIECE_SCHEMA). A later
         attempt of the unit replaces an earlier one's pieces; the same task again replaces its own.
         `ingested_before_ts`: the query stream's progress before this unit (None: nothing ingested);
-        `latest_valid_ts`: queries whose ids name a later time are from the future (spark_ops/validity.py):
+        `holding.latest_valid_ts`: queries whose ids name a later time are from the future (spark_ops/validity.py):
         they are held in a piece of their own that moves neither the eviction clock nor, while held,
         the horizon (one such query would hold every other piece for hours); it is the last to
         leave by bytes. A miss for one is then not wrongly conclusive once progress passes it."""
@@ -129,7 +145,7 @@ class RecentQueries:
         # A piece's lines come from a few files: their names once each.
         table = table.set_column(3, "file", pc.dictionary_encode(table["file"]))
         times = id_times(table["query_id"])
-        now_or_before = pc.fill_null(pc.less_equal(times, latest_valid_ts), True)
+        now_or_before = pc.fill_null(pc.less_equal(times, holding.latest_valid_ts), True)
         parts = {"valid": table.filter(now_or_before).combine_chunks(),
                  "future": table.filter(pc.invert(now_or_before)).combine_chunks()}
         with self._lock:
@@ -148,11 +164,10 @@ class RecentQueries:
                 held.pieces.move_to_end((unit, attempt, part, kind))
                 if kind == "valid":
                     held.newest_ts = high if held.newest_ts is None else max(held.newest_ts, high)
-            evicted = self._evict(held, int(retention_seconds * 1e6), budget_bytes)
+            evicted = self._evict(held, int(holding.retention_seconds * 1e6), holding.budget_bytes)
             return {"rows": held.rows, "bytes": held.nbytes, "evicted_pieces": evicted}
 
-    def put_tailed(self, dc: str, queries: pa.Table, tail: dict, latest_valid_ts: int, retention_seconds: float,
-                   budget_bytes: int) -> dict:
+    def put_tailed(self, dc: str, queries: pa.Table, tail: dict, holding: Holding) -> dict:
         """Holds the lines a query tailer read since its last put, and records with them, under the
         same lock, where it has read each file to and each writer's newest query time (`tail`:
         {"part", "offsets", "writers"}). The tailer puts a writer's lines in log order before it
@@ -161,8 +176,7 @@ class RecentQueries:
         datacenter. Its pieces are keyed by the part number it counts up; a tailer that restarts
         reads `tail_state` and goes on from there. The state lives and dies with the pieces (this
         process): a fresh one has none, and the tailer starts over from the logs' first byte."""
-        counts = self.put(dc, "tail", 1, int(tail["part"]), queries, None, latest_valid_ts, retention_seconds,
-                          budget_bytes)
+        counts = self.put(dc, "tail", 1, int(tail["part"]), queries, None, holding)
         with self._lock:
             held = self._dcs[dc]
             held.tail = {"part": int(tail["part"]), "offsets": dict(tail["offsets"]), "writers": dict(tail["writers"])}

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from resources.state.sidecars import load_document, locked, read_document, write_document
+from resources.state.sidecars import Document, locked, read_document, write_document
 
 
 @dataclass
@@ -80,21 +80,13 @@ TAIL_FRESH_SECONDS = 10.0
 
 
 @dataclass
-class QueryTail:
+class QueryTail(Document):
     """The query tailer's mirror (photon/query_tail.py): where it read each query log to (the same
     offsets it recorded in the registry service with its last put) and when it last polled."""
 
     offsets: dict[str, int] = field(default_factory=dict)
     part: int = 0
     updated_at: float = 0.0
-
-    @classmethod
-    def load(cls, path: Path) -> "QueryTail":
-        return load_document(cls, path)
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_document(path, asdict(self))
 
     def fresh(self, now: float | None = None) -> bool:
         """Whether a tailer is feeding the memory tier (it polled within TAIL_FRESH_SECONDS)."""

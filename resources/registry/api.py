@@ -27,6 +27,8 @@ from typing import Union
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from resources.event_store.memory_tier import Holding
+
 ArrowSource = Union[pa.Table, pa.RecordBatchReader, ds.Dataset]
 # The registry service's shared secret, for its server and its clients (`photon registry` reads it
 # here: the command does not load Dagster).
@@ -110,8 +112,7 @@ class IdRegistry(ABC):
     # semantics): one long-lived process that every run of either deployment can call.
     @abstractmethod
     def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,
-                         ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
-                         budget_bytes: int) -> dict:
+                         ingested_before_ts: int | None, holding: Holding) -> dict:
         """Hold one task's share of a work unit's query lines (recent_queries.PIECE_SCHEMA)."""
 
     @abstractmethod

@@ -7,12 +7,13 @@ import json
 import logging
 import threading
 import time
+from dataclasses import asdict
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from resources.event_store.memory_tier import PIECE_SCHEMA
+from resources.event_store.memory_tier import PIECE_SCHEMA, Holding
 from resources.event_store.memory_tier import WANTED_SCHEMA as WANTED_QUERIES
 from resources.registry.api import ArrowSource, IdRegistry
 from resources.registry.shards import EVENTS_SCHEMA, read_arrow
@@ -185,11 +186,9 @@ class RemoteIdRegistry(IdRegistry):
         return self._exchange({"op": "grant_clicks", "token": token, "cap": cap}, wanted, WANTED_SCHEMA)
 
     def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,
-                         ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
-                         budget_bytes: int) -> dict:
+                         ingested_before_ts: int | None, holding: Holding) -> dict:
         command = {"op": "remember_queries", "dc": dc, "unit": unit, "attempt": attempt, "part": part,
-                   "ingested_before_ts": ingested_before_ts, "latest_valid_ts": latest_valid_ts,
-                   "retention_seconds": retention_seconds, "budget_bytes": budget_bytes}
+                   "ingested_before_ts": ingested_before_ts, **asdict(holding)}
         return self._exchange(command, queries, PIECE_SCHEMA).to_pylist()[0]
 
     def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:

@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from resources.event_store.memory_tier import Holding
 from resources.registry.client import first_line
 from resources.registry.shards import RegistryClosed, ShardedIdRegistry
 
@@ -82,8 +83,7 @@ class RegistryServer(flight.FlightServerBase):
             elif op == "remember_queries":
                 counts = self.registry.remember_queries(
                     command["dc"], command["unit"], int(command["attempt"]), int(command["part"]), events,
-                    command.get("ingested_before_ts"), int(command["latest_valid_ts"]),
-                    float(command["retention_seconds"]), int(command["budget_bytes"]))
+                    command.get("ingested_before_ts"), Holding.of(command))
                 result = pa.table({k: pa.array([v], pa.int64()) for k, v in counts.items()})
             elif op == "remember_tailed":
                 counts = self.registry.remember_tailed(command["dc"], events, command["tail"])

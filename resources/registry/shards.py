@@ -39,7 +39,7 @@ import pyarrow.dataset as ds
 
 from resources.registry.api import ArrowSource, IdRegistry
 from resources.registry.click_caps import WANTED_SCHEMA, ClickCaps
-from resources.event_store.memory_tier import PIECE_SCHEMA, RecentQueries
+from resources.event_store.memory_tier import PIECE_SCHEMA, Holding, RecentQueries
 from resources.event_store.memory_tier import WANTED_SCHEMA as WANTED_QUERIES
 from resources.registry.work_claims import WorkClaims
 
@@ -233,27 +233,26 @@ class _Shard:
             "WHERE timestamp_us >= $b GROUP BY click_id ON CONFLICT DO NOTHING",
             {"b": self.boundary_us},
         )
-        result = self.con.sql(
-            "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN 'too_old' "
+        return self._answers(
+            group, "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN 'too_old' "
             "WHEN r.token = q.token THEN 'held' ELSE 'refused' END AS status "
-            "FROM req q LEFT JOIN registered_ids r USING (click_id) ORDER BY q.seq",
-            params={"b": self.boundary_us},
-        ).to_arrow_table()
-        self.con.unregister("incoming")
-        self.con.unregister("tokens")
-        return split_sorted(result, "seq", len(group))
+            "FROM req q LEFT JOIN registered_ids r USING (click_id) ORDER BY q.seq", "incoming", "tokens")
 
     def _apply_lookup(self, group: list[_Request]) -> list[pa.Table]:
         self._incoming(group)
-        result = self.con.sql(
-            "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN NULL ELSE r.token END AS token, "
+        return self._answers(
+            group, "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN NULL ELSE r.token END AS token, "
             "CASE WHEN q.timestamp_us < $b THEN 'too_old' ELSE 'registered' END AS status "
             "FROM (SELECT seq, click_id, min(timestamp_us) AS timestamp_us FROM incoming GROUP BY seq, click_id) q "
             "LEFT JOIN registered_ids r USING (click_id) "
-            "WHERE q.timestamp_us < $b OR r.click_id IS NOT NULL ORDER BY q.seq",
-            params={"b": self.boundary_us},
-        ).to_arrow_table()
-        self.con.unregister("incoming")
+            "WHERE q.timestamp_us < $b OR r.click_id IS NOT NULL ORDER BY q.seq", "incoming")
+
+    def _answers(self, group: list[_Request], sql: str, *registered: str) -> list[pa.Table]:
+        """Each request's answer: `sql` (ordered by `seq`, with the GC boundary as $b) split by
+        request; the relations `registered` for it are then dropped."""
+        result = self.con.sql(sql, params={"b": self.boundary_us}).to_arrow_table()
+        for name in registered:
+            self.con.unregister(name)
         return split_sorted(result, "seq", len(group))
 
     def _apply_delete(self, group: list[_Request]) -> list[int]:
@@ -517,14 +516,11 @@ class ShardedIdRegistry(IdRegistry):
         return self._caps.grant(read_arrow(wanted, WANTED_SCHEMA), token, cap)
 
     def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,
-                         ingested_before_ts: int | None, latest_valid_ts: int, retention_seconds: float,
-                         budget_bytes: int) -> dict:
-        return self._recent.put(dc, unit, attempt, part, read_arrow(queries, PIECE_SCHEMA), ingested_before_ts,
-                                latest_valid_ts, retention_seconds, budget_bytes)
+                         ingested_before_ts: int | None, holding: Holding) -> dict:
+        return self._recent.put(dc, unit, attempt, part, read_arrow(queries, PIECE_SCHEMA), ingested_before_ts, holding)
 
     def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:
-        return self._recent.put_tailed(dc, read_arrow(queries, PIECE_SCHEMA), tail, int(tail["latest_valid_ts"]),
-                                       float(tail["retention_seconds"]), int(tail["budget_bytes"]))
+        return self._recent.put_tailed(dc, read_arrow(queries, PIECE_SCHEMA), tail, Holding.of(tail))
 
     def tail_state(self, dc: str) -> dict | None:
         return self._recent.tail_state(dc)

@@ -55,8 +55,21 @@ def locked(path: Path):
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
+
+class Document:
+    """A dataclass stored as one sidecar: `load` (its defaults if there is none) and `save` (under
+    the document's lock)."""
+
+    @classmethod
+    def load(cls, path: Path):
+        return load_document(cls, path)
+
+    def save(self, path: Path) -> None:
+        with locked(path):
+            write_document(path, asdict(self))
+
 @dataclass
-class EventTimeWatermark:
+class EventTimeWatermark(Document):
     """A stream's event-time watermark (resources/state/watermark.py) and the passes it was estimated from."""
 
     watermark_us: int | None = None
@@ -65,10 +78,6 @@ class EventTimeWatermark:
     events: int = 0  # events of every pass so far
     at_or_after: int = 0  # of them, at or after the watermark when their pass came
     last_accuracy: float | None = None
-
-    @classmethod
-    def load(cls, path: Path) -> "EventTimeWatermark":
-        return load_document(cls, path)
 
     @property
     def accuracy(self) -> float | None:

@@ -8,11 +8,12 @@ from pyspark.sql import functions as F
 
 from resources.state.layout import TABLES
 from resources.registry.shards import ShardedIdRegistry
+from resources.event_store.memory_tier import Holding
 from resources.event_store.progress import QueryProgress, WriterProgress
 from spark_ops.pending import pending_retry_decision
 from spark_ops.event_store import DurableTiers, EventStore, evict_from_cache
-from spark_ops.ingest import ingest_queries, line_stats, stage_queries
-from spark_ops.join import JoinInput, join_work_unit
+from spark_ops.ingest import UnitOutput, ingest_queries, line_stats, stage_queries
+from spark_ops.join import ClickPass, JoinInput, join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy, compact_pending, pending_of
 from spark_ops.registry_calls import QueryPut
@@ -49,10 +50,10 @@ def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us
     staged = query_dir.parent / "staging" / unit
     try:
         parsed = stage_queries(spark, query_dir, ranges, 65536,
-                               QueryPut(registry, "dc1", unit, 1, ingested_before_ts, 10**17, 3600, memory_bytes),
+                               QueryPut(registry, "dc1", unit, 1, ingested_before_ts, Holding(10**17, 3600, memory_bytes)),
                                staged)
         stats = line_stats(staged, by_writer=True)
-        ingest_queries(parsed, staged, stats, "dc1", unit, 1, tables, 10, every_bytes, cache_since_us=cache_since_us)
+        ingest_queries(parsed, staged, stats, UnitOutput("dc1", unit, 1, tables), 10, every_bytes, cache_since_us=cache_since_us)
     finally:
         if own:
             registry.close()
@@ -196,8 +197,8 @@ def test_the_memory_tier_answers_and_its_misses_are_conclusive_up_to_its_horizon
 
     def join(token, names):
         frame = clicks_frame(spark, tmp_path, [c for c in clicks if name(c["click_id"]) in names])
-        return join_work_unit(spark, JoinInput(frame), store(spark, tables, query_dir), registry, token, 1, "dc1",
-                              tmp_path / "staging" / token, tables, pending)
+        return join_work_unit(ClickPass(spark, registry, store(spark, tables, query_dir), pending, token, 1, "dc1",
+                                        tmp_path / "staging" / token, tables), JoinInput(frame))
 
     first = join("dc1.click.0", {"c1", "stray", "waits"})
     assert (first.memory_hits, first.joined, first.pending, first.not_ingested_yet) == (1, 1, 2, 1)
@@ -229,8 +230,9 @@ def test_queries_the_memory_tier_holds_located_only_are_joined_from_their_log_li
     progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in writers.items()})
     frame = clicks_frame(spark, tmp_path, [click(cid("c1"), qid("10.1.0.1:7", 40), T0 + 50 * SECOND),
                                            click(cid("c2"), qid("10.1.0.1:7", 100), T0 + 101 * SECOND)])
-    stats = join_work_unit(spark, JoinInput(frame), store(spark, tables, query_dir), registry, "dc1.click.0", 1, "dc1",
-                           tmp_path / "staging", tables, PendingPolicy(progress, 86400.0, 2, 2.0, 600.0))
+    stats = join_work_unit(ClickPass(spark, registry, store(spark, tables, query_dir),
+                                     PendingPolicy(progress, 86400.0, 2, 2.0, 600.0), "dc1.click.0", 1, "dc1",
+                                     tmp_path / "staging", tables), JoinInput(frame))
     assert (stats.memory_hits, stats.joined, stats.beyond_memory, stats.durable_hits) == (2, 2, 0, 0)
     joined = {r.click_id: r.query.query_id for r in read_table(spark, "joined_clicks", tables["joined_clicks"]).collect()}
     assert joined == {cid("c1"): qid("10.1.0.1:7", 40), cid("c2"): qid("10.1.0.1:7", 100)}
@@ -260,8 +262,8 @@ def test_a_click_hours_before_its_query_waits_then_joins_and_strays_become_unjoi
         return PendingPolicy(progress=at or progress, **knobs)
 
     def join(work, token, pending):
-        return join_work_unit(spark, work, store(spark, tables, query_dir), registry, token, 1, "dc1",
-                              tmp_path / "staging" / token, tables, pending)
+        return join_work_unit(ClickPass(spark, registry, store(spark, tables, query_dir), pending, token, 1, "dc1",
+                                        tmp_path / "staging" / token, tables), work)
 
     first = join(JoinInput(clicks), "dc1.click.0", policy())
     assert (first.joined, first.pending) == (1, 2)

@@ -5,13 +5,13 @@ import pytest
 from pyspark.sql import functions as F
 
 from resources.state.layout import TABLES
-from resources.event_store.memory_tier import PIECE_SCHEMA
+from resources.event_store.memory_tier import PIECE_SCHEMA, Holding
 from resources.registry.shards import ShardedIdRegistry
 from resources.event_store.progress import QueryProgress, WriterProgress
 from spark_ops.pending import pending_retry_decision
 from spark_ops.event_store import DurableTiers, EventStore
-from spark_ops.ingest import ingest_queries, line_stats, stage_lines, stage_queries
-from spark_ops.join import CAPPED_REASON, CRASH_POINTS, JoinInput, join_work_unit, window_advice
+from spark_ops.ingest import UnitOutput, ingest_queries, line_stats, stage_lines, stage_queries
+from spark_ops.join import CAPPED_REASON, CRASH_POINTS, ClickPass, JoinInput, join_work_unit, window_advice
 from spark_ops.parse import ByteRange, events, parse_ranges
 from spark_ops.pending import PendingPolicy
 from spark_ops.registry_calls import QueryPut
@@ -41,9 +41,9 @@ def world(tmp_path, spark):
     registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     staged = tmp_path / "staging" / "q"
     parsed = stage_queries(spark, logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)], 65536,
-                           QueryPut(registry, "dc1", "dc1.query.0", 1, None, 10**16, 3600, 1 << 30), staged)
+                           QueryPut(registry, "dc1", "dc1.query.0", 1, None, Holding(10**16, 3600, 1 << 30)), staged)
     stats = line_stats(staged, by_writer=True)
-    ingest_queries(parsed, staged, stats, "dc1", "dc1.query.0", 1, tables, 10, 1 << 20)
+    ingest_queries(parsed, staged, stats, UnitOutput("dc1", "dc1.query.0", 1, tables), 10, 1 << 20)
     progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in stats.writers.items()})
     clicks = events(parse_ranges(spark, "click", logs / "click", [ByteRange("w/0.jsonl", 0, cfile.stat().st_size)]))
     yield {"spark": spark, "tables": tables, "clicks": clicks, "registry": registry, "tmp": tmp_path,
@@ -67,10 +67,9 @@ def policy(world, **overrides) -> PendingPolicy:
 
 def run(world, token="dc1.click.0", dc="dc1", registry=None, checkpoint=lambda point: None, pending=None, attempt=1,
         **kwargs):
-    return join_work_unit(
-        world["spark"], JoinInput(world["clicks"]), event_store(world), registry or world["registry"], token, attempt, dc,
-        world["tmp"] / "staging" / token, world["tables"], pending or policy(world), checkpoint=checkpoint, **kwargs,
-    )
+    unit = ClickPass(world["spark"], registry or world["registry"], event_store(world), pending or policy(world), token,
+                     attempt, dc, world["tmp"] / "staging" / token, world["tables"], checkpoint=checkpoint, **kwargs)
+    return join_work_unit(unit, JoinInput(world["clicks"]))
 
 
 def joined_ids(world) -> list[str]:
@@ -167,9 +166,9 @@ def test_absurd_timestamps_are_unjoinable_at_once_and_alike_in_every_attempt(wor
     validity = TimestampValidity(clock_us=5000, future_tolerance_us=1000, before_query_tolerance_us=100)
 
     def attempt(n, checkpoint=lambda point: None):
-        return join_work_unit(spark, JoinInput(clicks), event_store(world), world["registry"], "dc1.click.9", n, "dc1",
-                              tmp / "staging" / f"absurd{n}", world["tables"], policy(world), checkpoint=checkpoint,
-                              validity=validity)
+        return join_work_unit(ClickPass(spark, world["registry"], event_store(world), policy(world), "dc1.click.9", n,
+                                        "dc1", tmp / "staging" / f"absurd{n}", world["tables"], checkpoint=checkpoint,
+                                        validity=validity), JoinInput(clicks))
 
     def crash(point):
         if point == "after_output_write":
@@ -210,9 +209,9 @@ def test_a_query_with_many_clicks_is_capped_across_work_units_and_alike_in_every
     def unit(name, lines, token, dc="dc1", n=1, checkpoint=lambda point: None):
         path = write_lines(tmp / "logs" / dc / "click" / "w" / f"{name}.jsonl", lines)
         clicks = events(parse_ranges(spark, "click", tmp / "logs" / dc / "click", [ByteRange(f"w/{name}.jsonl", 0, path.stat().st_size)]))
-        return join_work_unit(spark, JoinInput(clicks), event_store(world), world["registry"], token, n, dc,
-                              tmp / "staging" / f"{token}.{n}", world["tables"], policy(world), checkpoint=checkpoint,
-                              max_clicks_per_query=4)
+        return join_work_unit(ClickPass(spark, world["registry"], event_store(world), policy(world), token, n, dc,
+                                        tmp / "staging" / f"{token}.{n}", world["tables"], checkpoint=checkpoint,
+                                        max_clicks_per_query=4), JoinInput(clicks))
 
     first = unit("a", [click(f"10.3.0.5:1:{i}", hot, 3000 + i) for i in range(3)], "dc1.click.1")
     assert (first.joined, first.capped) == (3, 0)

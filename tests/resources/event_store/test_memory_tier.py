@@ -5,7 +5,7 @@ makes a miss conclusive, and located queries' lines read back from the logs."""
 import pyarrow as pa
 import pytest
 
-from resources.event_store.memory_tier import PIECE_SCHEMA, RecentQueries, read_located
+from resources.event_store.memory_tier import PIECE_SCHEMA, Holding, RecentQueries, read_located
 
 SECOND = 1_000_000
 NOW = 1_700_000_000 * SECOND
@@ -32,7 +32,7 @@ def held_bytes(*tables: pa.Table) -> int:
 
 
 def put(store, unit, table, attempt=1, part=0, before=None, retention=600, budget=1 << 30, dc="dc1"):
-    return store.put(dc, unit, attempt, part, table, before, NOW + 300 * SECOND, retention, budget)
+    return store.put(dc, unit, attempt, part, table, before, Holding(NOW + 300 * SECOND, retention, budget))
 
 
 def test_lookups_find_each_held_query_once_and_count_hits_and_misses():
