@@ -202,8 +202,11 @@ DEFAULT_BOUND = f"{CLICK_DELAY_MAX_SECONDS:g} seconds"
 # resources/spark.py's driver memory, sized for Photon's 4 GiB budget): only Delta's jars are the
 # project's, fetched by scripts/setup.sh into .cache/jars.
 STREAMING_DRIVER_MEMORY = "8g"
-# One state store instance per shuffle partition and stateful operator: 2 for 2 cores.
+# One state store instance per shuffle partition and stateful operator: 2 for 2 cores in a backlog;
+# live, 1 had the best p90 of the tuning sweep (benchmarks/results/2026-11-26-peer-tuning.json: 31.8 s,
+# against 40.2 s with 2 and 35.9 s with 4).
 STREAMING_SHUFFLE_PARTITIONS = 2
+STREAMING_LIVE_SHUFFLE_PARTITIONS = 1
 DELTA_JARS_DIR = REPO / ".cache" / "jars"
 
 
@@ -672,7 +675,7 @@ class OrderedShipper(Shipper):
 def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = DEFAULT_BOUND,
                        join_window: str = DEFAULT_BOUND, poll_seconds: float = 0.2,
                        timeout_seconds: float = 3600, driver_memory: str = STREAMING_DRIVER_MEMORY,
-                       shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS, trigger_seconds: float = 0) -> dict:
+                       shuffle_partitions: int = STREAMING_LIVE_SHUFFLE_PARTITIONS, trigger_seconds: float = 0) -> dict:
     """The stream-stream join of `run_streaming`, run continuously while `photon gen --follow`
     writes the logs: by default the default trigger (a micro-batch as soon as the previous one ends:
     as fast as it keeps up; `trigger_seconds` > 0 sets a processing-time trigger), every new file in
@@ -739,6 +742,11 @@ FLINK_PYTHON = REPO / ".venv-flink" / "bin" / "python"
 FLINK_JOB = Path(__file__).resolve().parent / "flink_join.py"
 FLINK_JARS_DIR = REPO / ".cache" / "flink-jars"
 FLINK_HEAP = "8g"
+# Live, the heap state backend had the best p90 of the tuning sweeps (17.3 s over 240 s, against 78.4 s
+# for RocksDB with checkpoints every 2 s: 2026-11-26-peer-tuning-flink-240s.json), and filled the 8 GiB
+# heap with 240 s of queries; a long run holds up to the watermark plus the join window (600 s) of
+# them: a heap of 16 GiB of this 24 GiB machine.
+FLINK_LIVE_HEAP = "16g"
 
 
 def event_time_span_seconds(truth: dict) -> float:
@@ -852,7 +860,7 @@ def run_flink(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark_
 def run_flink_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1",
                    watermark_seconds: float = CLICK_DELAY_MAX_SECONDS,
                    join_window_seconds: float = CLICK_DELAY_MAX_SECONDS, checkpoint_seconds: float = 1.0,
-                   parallelism: int = 2, state_backend: str = "rocksdb", heap: str = FLINK_HEAP,
+                   parallelism: int = 2, state_backend: str = "hashmap", heap: str = FLINK_LIVE_HEAP,
                    dedup_ttl_seconds: float | None = None, input_counts: bool = True, poll_seconds: float = 0.2,
                    timeout_seconds: float = 3600, batch_files: int = 32) -> dict:
     """Flink's interval join left running while `photon gen --follow` writes the logs: its sources
@@ -908,7 +916,8 @@ def main() -> None:
         sub.add_argument("--watermark", default=DEFAULT_BOUND, help="event-time delay of both watermarks")
         sub.add_argument("--join-window", default=DEFAULT_BOUND, help="click time <= query time + this")
         sub.add_argument("--driver-memory", default=STREAMING_DRIVER_MEMORY, help="the peer's own session's")
-        sub.add_argument("--shuffle-partitions", type=int, default=STREAMING_SHUFFLE_PARTITIONS,
+        sub.add_argument("--shuffle-partitions", type=int,
+                         default=STREAMING_SHUFFLE_PARTITIONS if name == "streaming" else STREAMING_LIVE_SHUFFLE_PARTITIONS,
                          help="also the state store instances per stateful operator")
     for name in ("flink", "flink-live"):
         sub = peers.choices[name]
@@ -920,12 +929,11 @@ def main() -> None:
                          help="click time <= query time + this")
         sub.add_argument("--checkpoint-seconds", type=float, default=5.0 if name == "flink" else 1.0)
         sub.add_argument("--parallelism", type=int, default=1 if name == "flink" else 2)
-        sub.add_argument("--state-backend", choices=("rocksdb", "hashmap"),
-                         default="hashmap" if name == "flink" else "rocksdb",
-                         help="flink: the heap (the fastest while the state fits it); flink-live: RocksDB with "
-                              "incremental checkpoints (the heap backend snapshots all its state at every checkpoint,"
-                              " and ten minutes of queries at 10,000/s are millions of rows)")
-        sub.add_argument("--heap", default=FLINK_HEAP, help="the local Flink cluster's JVM heap")
+        sub.add_argument("--state-backend", choices=("rocksdb", "hashmap"), default="hashmap",
+                         help="the heap (the fastest while the state fits it: the backlog's runs and the live tuning "
+                              "sweeps), or RocksDB with incremental checkpoints")
+        sub.add_argument("--heap", default=FLINK_HEAP if name == "flink" else FLINK_LIVE_HEAP,
+                         help="the local Flink cluster's JVM heap")
         sub.add_argument("--dedup-ttl-seconds", type=float,
                          default=0.0 if name == "flink" else None,
                          help="processing time the dedup state keeps a click_id (0: the whole run; "

@@ -14,15 +14,19 @@ pytestmark = pytest.mark.benchmarks
 
 
 
-def test_flink_backlog_joins_the_same_clicks_as_duckdb_and_the_truth(tmp_path):
+def test_flink_backlog_joins_the_same_clicks_as_photon_duckdb_and_the_truth(tmp_path, over_spark_connect):
     """Bounded sources in streaming mode, with the watermark at the backlog's span (its files are
-    read in no order): every joinable click once, late queries included, as DuckDB joins them. Bad
+    read in no order): every joinable click once, late queries included, as Photon and DuckDB join
+    them on the same logs. Bad
     lines are skipped (not JSON, the torn line) or filtered (a missing or mistyped field) and
     counted; the over-long query line is read as a valid one, as by DuckDB and Spark."""
-    result = bench(tmp_path, "backlog", "--queries", "3000", "--systems", "duckdb,flink")
-    workload, flink, duckdb = result["workload"], result["systems"]["flink"], result["systems"]["duckdb"]
-    assert flink["correctness"]["joined_equals_truth"] and duckdb["correctness"]["joined_equals_truth"]
-    assert flink["joined_distinct_clicks"] == duckdb["joined_distinct_clicks"] == workload["joinable_clicks"]
+    result = bench(tmp_path, "backlog", "--queries", "3000", "--systems", "photon,duckdb,flink")
+    workload, systems = result["workload"], result["systems"]
+    flink, duckdb, photon = systems["flink"], systems["duckdb"], systems["photon"]
+    # Each joined exactly the generator's joinable clicks: the same set.
+    assert all(system["correctness"]["joined_equals_truth"] for system in (flink, duckdb, photon))
+    assert flink["joined_distinct_clicks"] == photon["joined_distinct_clicks"] == workload["joinable_clicks"]
+    assert result["targets"]["joined_distinct_clicks_equal"]
     assert flink["duplicates_in_one_run"] == 0 and workload["duplicate_click_lines"] > 0
     assert workload["late_query_events"] > 0 and flink["correctness"]["missing_late_clicks"] == 0
 
