@@ -18,7 +18,7 @@ from photon_assets.work_unit import (
     bytes_behind_log_heads,
     run_opening,
 )
-from resources import faults
+from resources.runtime import faults
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource

@@ -115,7 +115,7 @@ class ImportCollector(ast.NodeVisitor):
         else:
             stem = node.module or ""
         for alias in node.names:
-            # `from resources import faults` imports the module resources.runtime.faults when there is one.
+            # `from resources.runtime import faults` imports the module resources.runtime.faults when there is one.
             target = resolve(f"{stem}.{alias.name}", self.modules) if alias.name != "*" else None
             self._add(target or resolve(stem, self.modules), node)
 
