@@ -602,6 +602,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
     # Latencies are read back from the files each commit added (visible_latencies): table maintenance
     # compacts them, and must not delete the originals before the run ends.
     keep_files = {"PHOTON_SETTINGS": json.dumps({"query_cache_vacuum_retain_hours": 24})}
+    options = None
     if daemon:
         measured = photon_up(data_dir, work / "logs", keep_files)
     else:
@@ -664,6 +665,9 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         "peak_pss_bytes": measured.peak_pss_bytes,
         "peak_memory_by_process": measured.peak_breakdown,
         ("summary" if photon else "peer"): output,
+        # The peer's command-line options on top of its defaults (benchmarks/peers.py): its settings
+        # are in `peer` once it reports, which a peer stopped at the drain timeout never does.
+        **({} if photon else {"peer_options": options}),
         "joinable_clicks": len(truth["joinable_click_ids"]),
         "joined_visible": len(latencies),
         "latency_seconds": percentiles([latency for _, latency in latencies]),
