@@ -19,10 +19,10 @@ from photon_assets.jobs import ingest_queries_job, join_clicks_job, refresh_aggr
 from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
-from resources.state.layout import DATA_DIR_ENV, DataLayout
 from resources.id_registry import registry_resource_from_env
 from resources.settings import pipeline_settings
 from resources.spark import spark_resource_from_env
+from resources.state.layout import DATA_DIR_ENV, DataLayout
 from resources.storage import WarehouseResource
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.freshness import freshness_sensor

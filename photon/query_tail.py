@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.state.layout import DataLayout
-from resources.registry.api import IdRegistry
 from resources.event_store.progress import QueryProgress, QueryTail
+from resources.registry.api import IdRegistry
+from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.watermark import SKETCH_FRACTIONS
 from resources.state.work_unit_log import new_ranges

@@ -36,21 +36,21 @@ from photon.dagster_internals import (
     runs_on_several_threads,
     sensor_pass,
 )
-from photon.run_processes import kill_run_process
 from photon.query_tail import TailSettings
-from photon.tailers import QueryTailers
-from resources.state.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
+from photon.run_processes import kill_run_process
 from photon.summary import summarize
+from photon.tailers import QueryTailers
+from photon_assets.jobs import VERIFY_JOB
 from resources.id_registry import ADDRESS_ENV, registry_resource_from_env
-from resources.spark import spark_session
-from resources.settings import pipeline_settings
-from resources.runtime.repeating import repeated
 from resources.registry.work_claims import leases_held
+from resources.runtime.repeating import repeated
+from resources.settings import pipeline_settings
+from resources.spark import spark_session
+from resources.state.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from resources.state.work_unit_log import WorkUnitLog, new_ranges
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from sensors.freshness import FRESHNESS_SENSOR
 from sensors.upkeep import AGGREGATES_SENSOR, MAINTENANCE_SENSOR
-from photon_assets.jobs import VERIFY_JOB
 from photon_assets.work_unit import (
     PENDING,
     TAG_DC,

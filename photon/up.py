@@ -46,9 +46,9 @@ from photon.runner import (
 )
 from photon.run_processes import process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC
-from resources.state.layout import REPO_ROOT, DataLayout
-from resources.spark import SPARK_REMOTE_ENV
 from resources.runtime.spark_connect import free_port, server_command, server_environment, wait_until_serving
+from resources.spark import SPARK_REMOTE_ENV
+from resources.state.layout import REPO_ROOT, DataLayout
 from sensors.dispatcher import SENSORS_RUNNING_ENV
 
 REAP_EVERY_SECONDS = 5.0

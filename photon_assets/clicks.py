@@ -18,21 +18,20 @@ from photon_assets.work_unit import (
     bytes_behind_log_heads,
     run_opening,
 )
-from resources.runtime import faults
+from resources.event_store.progress import QueryCache, QueryProgress, known_query_progress
 from resources.id_registry import IdRegistryResource
+from resources.runtime import faults
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
-from resources.storage import WarehouseResource
-from resources.event_store.progress import QueryCache, QueryProgress, known_query_progress
 from resources.state.sidecars import EventTimeWatermark
-from spark_ops.pending import PendingDigest, pending_retry_decision
+from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import IngestStats, UnitOutput, ingest_clicks, stage_lines
 from spark_ops.join import EVENT_STORE_COUNTS, ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events
-from spark_ops.pending import PendingPolicy
+from spark_ops.pending import PendingDigest, PendingPolicy, pending_retry_decision
 from spark_ops.tables import read_table, row_count
 from spark_ops.validity import TimestampValidity
 

@@ -18,10 +18,10 @@ import dagster as dg
 import deltalake
 
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS
+from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from spark_ops.event_store import evict_from_cache
 from spark_ops.meter import count_commit, metered
 from spark_ops.pending import compact_pending

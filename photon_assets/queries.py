@@ -10,13 +10,13 @@ from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
 from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
+from resources.event_store.memory_tier import Holding
+from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
-from resources.storage import WarehouseResource
-from resources.event_store.memory_tier import Holding
-from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.state.sidecars import EventTimeWatermark
+from resources.storage import WarehouseResource
 from spark_ops.ingest import IngestStats, UnitOutput, ingest_queries, line_stats, stage_queries
 from spark_ops.meter import PassMeter
 from spark_ops.registry_calls import QueryPut

@@ -29,11 +29,11 @@ from photon_assets.work_unit import (
     runs_failed_for_good,
     work_units_in_flight,
 )
+from resources.event_store.progress import QueryProgress
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
-from resources.event_store.progress import QueryProgress
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.handoff import stage, unstage
 from spark_ops.pending import pending_of

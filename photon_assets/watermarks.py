@@ -6,8 +6,8 @@ import time
 import dagster as dg
 
 from resources.settings import PipelineSettings
-from resources.storage import WarehouseResource
 from resources.state.sidecars import EventTimeWatermark
+from resources.storage import WarehouseResource
 from spark_ops.ingest import IngestStats
 
 

@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterator
 import dagster as dg
 from pydantic import Field
 
-from resources.state.layout import DataLayout
 from resources.registry.ownership import Share, claim_units, divide_clicks, shared_among_datacenters
 from resources.settings import PipelineSettings, pipeline_settings
+from resources.state.layout import DataLayout
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog, new_ranges, skipped_unit
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import ByteRange

@@ -33,14 +33,14 @@ from photon_assets.work_unit import (
     work_units_failed_for_good,
     work_units_in_flight,
 )
-from resources.state.layout import DataLayout
+from resources.event_store.progress import QueryTail, known_query_progress
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
-from resources.event_store.progress import QueryTail, known_query_progress
+from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
-from spark_ops.pending import PendingDigest, RetryDecision, pending_retry_decision
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 from sensors.retries import plan_retries
+from spark_ops.pending import PendingDigest, RetryDecision, pending_retry_decision
 
 CURSOR_VERSION = 1
 # Level of a run's console log (its events are stored in the instance whatever the level).

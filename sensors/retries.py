@@ -28,8 +28,8 @@ from photon_assets.work_unit import (
     catch_up_config,
     failed_latest_attempts,
 )
-from resources.state.layout import DataLayout
 from resources.settings import PipelineSettings
+from resources.state.layout import DataLayout
 from resources.state.work_unit_log import WorkUnitLog
 
 

@@ -16,8 +16,8 @@ import dagster as dg
 from photon_assets.jobs import REFRESH_AGGREGATES_JOB
 from photon_assets.maintenance import MAINTENANCE_JOB
 from photon_assets.work_unit import UNFINISHED
-from resources.state.layout import DataLayout
 from resources.settings import PipelineSettings
+from resources.state.layout import DataLayout
 from sensors.dispatcher import MIN_INTERVAL_SECONDS, default_status, read_cursor, run_loggers, write_cursor
 from spark_ops.tables import latest_version, table_committed
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from resources.state.layout import REPO_ROOT
-from resources.spark import SPARK_REMOTE_ENV, delta_session
 from resources.runtime.spark_connect import free_port, server_environment, wait_until_serving
+from resources.spark import SPARK_REMOTE_ENV, delta_session
+from resources.state.layout import REPO_ROOT
 
 # The quick tier (`scripts/test.sh --quick`, a few minutes): pure functions, sensors through
 # build_sensor_context, the registry against real DuckDB, the generator, and one small

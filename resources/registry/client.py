@@ -16,8 +16,8 @@ import pyarrow.flight as flight
 from resources.event_store.memory_tier import PIECE_SCHEMA, Holding
 from resources.event_store.memory_tier import WANTED_SCHEMA as WANTED_QUERIES
 from resources.registry.api import ArrowSource, IdRegistry
-from resources.registry.shards import EVENTS_SCHEMA, read_arrow
 from resources.registry.click_caps import WANTED_SCHEMA
+from resources.registry.shards import EVENTS_SCHEMA, read_arrow
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from resources.registry.api import ArrowSource, IdRegistry
-from resources.registry.click_caps import WANTED_SCHEMA, ClickCaps
 from resources.event_store.memory_tier import PIECE_SCHEMA, Holding, RecentQueries
 from resources.event_store.memory_tier import WANTED_SCHEMA as WANTED_QUERIES
+from resources.registry.api import ArrowSource, IdRegistry
+from resources.registry.click_caps import WANTED_SCHEMA, ClickCaps
 from resources.registry.work_claims import WorkClaims
 
 log = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from resources.state.layout import REPO_ROOT
 from resources.registry.client import RemoteIdRegistry
-from resources.runtime.spark_connect import free_port
 from resources.registry.ownership import preferred_dc
+from resources.runtime.spark_connect import free_port
+from resources.state.layout import REPO_ROOT
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.usefixtures("over_spark_connect")]

@@ -18,9 +18,9 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from photon_assets.checks import ALL_CHECKS, joined_clicks_freshness
-from resources.state.layout import REPO_ROOT, TABLES
-from resources.spark import SPARK_REMOTE_ENV
 from resources.runtime.spark_connect import free_port
+from resources.spark import SPARK_REMOTE_ENV
+from resources.state.layout import REPO_ROOT, TABLES
 from tests.e2e.test_photon_run import PHOTON, photon, run
 from tests.e2e.test_up import descendants, wait_until_gone
 

@@ -13,12 +13,12 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
-from photon.runner import headless_instance
 from photon.run_processes import run_process, stat_fields
+from photon.runner import headless_instance
 from photon_assets.work_unit import UNFINISHED
-from resources.state.layout import REPO_ROOT, DataLayout
-from resources.spark import SPARK_REMOTE_ENV
 from resources.runtime.spark_connect import free_port
+from resources.spark import SPARK_REMOTE_ENV
+from resources.state.layout import REPO_ROOT, DataLayout
 from spark_ops.tables import table_committed
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
 

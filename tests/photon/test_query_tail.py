@@ -11,10 +11,10 @@ import pytest
 
 from photon import gen
 from photon.query_tail import QueryTailer, TailSettings
-from resources.state.layout import DataLayout
+from resources.event_store.progress import QueryProgress, QueryTail
 from resources.registry.shards import ShardedIdRegistry
 from resources.settings import PipelineSettings
-from resources.event_store.progress import QueryProgress, QueryTail
+from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.work_unit_log import new_ranges
 from spark_ops.registry_calls import fed_times

@@ -11,12 +11,12 @@ from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
 from photon_assets.work_unit import PENDING, TAG_DC, TAG_STREAM, TAG_WORK_UNIT, bytes_behind_log_heads
-from resources.state.layout import DataLayout
 from resources.id_registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
-from resources.storage import WarehouseResource
+from resources.state.layout import DataLayout
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog
+from resources.storage import WarehouseResource
 from sensors.dispatcher import log_dispatcher
 from tests.conftest import click, query, write_lines
 

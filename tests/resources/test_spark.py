@@ -1,7 +1,7 @@
 """The settings of the JVM that runs the pipeline reach it the same way in both Spark modes."""
 
-from resources.spark import JVM_OPTIONS_ENV, local_conf
 from resources.runtime.spark_connect import server_command
+from resources.spark import JVM_OPTIONS_ENV, local_conf
 
 
 def test_jvm_options_from_the_environment_reach_the_driver_and_executors_in_both_modes(monkeypatch):

@@ -7,16 +7,16 @@ from dagster._core.test_utils import create_run_for_test
 
 from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
 from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
-from resources.state.layout import DataLayout
-from resources.id_registry import IdRegistryResource, close_embedded_registries
-from resources.settings import PipelineSettings
 from resources.event_store.progress import QueryProgress, QueryTail, WriterProgress
-from resources.state.sidecars import EventTimeWatermark
-from spark_ops.pending import PendingDigest, pending_retry_decision
+from resources.id_registry import IdRegistryResource, close_embedded_registries
 from resources.registry.ownership import preferred_dc
+from resources.settings import PipelineSettings
+from resources.state.layout import DataLayout
+from resources.state.sidecars import EventTimeWatermark
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog
 from sensors.dispatcher import log_dispatcher, pending_dispatcher, pending_retry
 from sensors.retries import plan_retries
+from spark_ops.pending import PendingDigest, pending_retry_decision
 from tests.conftest import click, query, write_lines
 
 

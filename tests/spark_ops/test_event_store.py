@@ -6,16 +6,15 @@ import time
 
 from pyspark.sql import functions as F
 
-from resources.state.layout import TABLES
-from resources.registry.shards import ShardedIdRegistry
 from resources.event_store.memory_tier import Holding
 from resources.event_store.progress import QueryProgress, WriterProgress
-from spark_ops.pending import pending_retry_decision
+from resources.registry.shards import ShardedIdRegistry
+from resources.state.layout import TABLES
 from spark_ops.event_store import DurableTiers, EventStore, evict_from_cache
 from spark_ops.ingest import UnitOutput, ingest_queries, line_stats, stage_queries
 from spark_ops.join import ClickPass, JoinInput, join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges
-from spark_ops.pending import PendingPolicy, compact_pending, pending_of
+from spark_ops.pending import PendingPolicy, compact_pending, pending_of, pending_retry_decision
 from spark_ops.registry_calls import QueryPut
 from spark_ops.tables import read_table
 from tests.conftest import click, query, write_lines

@@ -4,16 +4,15 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from resources.state.layout import TABLES
 from resources.event_store.memory_tier import PIECE_SCHEMA, Holding
-from resources.registry.shards import ShardedIdRegistry
 from resources.event_store.progress import QueryProgress, WriterProgress
-from spark_ops.pending import pending_retry_decision
+from resources.registry.shards import ShardedIdRegistry
+from resources.state.layout import TABLES
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import UnitOutput, ingest_queries, line_stats, stage_lines, stage_queries
 from spark_ops.join import CAPPED_REASON, CRASH_POINTS, ClickPass, JoinInput, join_work_unit, window_advice
 from spark_ops.parse import ByteRange, events, parse_ranges
-from spark_ops.pending import PendingPolicy
+from spark_ops.pending import PendingPolicy, pending_retry_decision
 from spark_ops.registry_calls import QueryPut
 from spark_ops.tables import read_table
 from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, TimestampValidity

@@ -8,9 +8,9 @@ import sys
 import pyarrow as pa
 from pyspark.sql import types as T
 
+from resources.registry.shards import SCAN_SCHEMA
 from resources.state.layout import TABLES
 from spark_ops.pending import pending_of
-from resources.registry.shards import SCAN_SCHEMA
 from spark_ops.tables import TABLE_SCHEMAS, append_once, no_rows, read_table, table_lock
 from spark_ops.verification import (
     VERIFIED_TABLES,
