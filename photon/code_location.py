@@ -15,7 +15,7 @@ import dagster as dg
 from photon_assets import bookkeeping
 from photon_assets.checks import ALL_CHECKS, joined_clicks_freshness
 from photon_assets.clicks import click_aggregates, join_clicks
-from photon_assets.jobs import ingest_queries_job, join_clicks_job, refresh_aggregates_job, verify_job
+from photon_assets.jobs import check_tables_job, ingest_queries_job, join_clicks_job, refresh_aggregates_job, verify_job
 from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
@@ -26,7 +26,7 @@ from resources.state.layout import DATA_DIR_ENV, DataLayout
 from resources.storage import WarehouseResource
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.freshness import freshness_sensor
-from sensors.upkeep import aggregates_refresher, table_maintainer
+from sensors.upkeep import aggregates_refresher, table_checker, table_maintainer
 
 
 def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg.Definitions:
@@ -41,8 +41,8 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
         executor=dg.in_process_executor,
         assets=[ingest_query_logs, join_clicks, click_aggregates, *bookkeeping.SPECS],
         asset_checks=[*ALL_CHECKS, *freshness],
-        jobs=[ingest_queries_job, join_clicks_job, refresh_aggregates_job, verify_job, recover_lost_clicks_job,
-              maintain_tables_job],
+        jobs=[ingest_queries_job, join_clicks_job, refresh_aggregates_job, check_tables_job, verify_job,
+              recover_lost_clicks_job, maintain_tables_job],
         sensors=[
             *[
                 sensor
@@ -51,6 +51,7 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
                                pending_dispatcher(dc, data_dir))
             ],
             aggregates_refresher(data_dir),
+            table_checker(data_dir),
             table_maintainer(),
             freshness_sensor(freshness),
         ],

@@ -50,7 +50,7 @@ from resources.state.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TAB
 from resources.state.work_unit_log import WorkUnitLog, new_ranges
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from sensors.freshness import FRESHNESS_SENSOR
-from sensors.upkeep import AGGREGATES_SENSOR, MAINTENANCE_SENSOR
+from sensors.upkeep import AGGREGATES_SENSOR, CHECKS_SENSOR, MAINTENANCE_SENSOR
 from photon_assets.work_unit import (
     PENDING,
     TAG_DC,
@@ -181,11 +181,12 @@ def workspace(instance: dg.DagsterInstance):
 
 
 def loaded_sensors(context) -> list:
-    """The dispatchers of the code location (not the freshness sensor: sensors/freshness.py)."""
+    """The dispatchers of the code location, not the freshness sensor (sensors/freshness.py) nor the table
+    checks' (photon run verifies once its drain is idle)."""
     sensors, errors = remote_sensors(context)
     if errors:
         raise RunnerError(f"definitions failed to load: {errors[0]}")
-    return [sensor for sensor in sensors if sensor.name != FRESHNESS_SENSOR]
+    return [sensor for sensor in sensors if sensor.name not in (FRESHNESS_SENSOR, CHECKS_SENSOR)]
 
 
 REGISTRY_START_SECONDS = 60.0

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 
 import dagster as dg
 import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from photon_assets.work_unit import work_units_in_flight
 from resources.id_registry import IdRegistryResource
@@ -21,7 +23,7 @@ from resources.registry.shards import SCAN_SCHEMA
 from resources.settings import PipelineSettings
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import compared_with_joined
-from spark_ops.join import CAPPED_REASON
+from spark_ops.join import CAPPED_REASON, JoinStats
 from spark_ops.tables import latest_version, one_row, table_committed
 from spark_ops.verification import click_accounting, registry_counts, verification_db, verified_tables
 
@@ -39,7 +41,7 @@ def verified(context, warehouse: WarehouseResource, registry: IdRegistryResource
         yield db, len(in_flight)
 
 
-@dg.asset_check(asset="joined_clicks", description="No click_id appears twice in joined_clicks.")
+@dg.asset_check(asset="joined_clicks", blocking=True, description="No click_id appears twice in joined_clicks.")
 def joined_clicks_unique(context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource) -> dg.AssetCheckResult:
     with verified(context, warehouse) as (db, _):
         row = one_row(db, "SELECT count(*) AS rows, count(DISTINCT click_id) AS ids FROM joined_clicks")
@@ -52,6 +54,7 @@ def joined_clicks_unique(context: dg.AssetCheckExecutionContext, warehouse: Ware
 
 @dg.asset_check(
     asset="joined_clicks",
+    blocking=True,
     description="Every distinct valid click seen is exactly one of: joined, unjoinable, pending "
     "(not registered, and known to the pending retries); none is registered without output unless "
     "its work unit is in flight.",
@@ -67,6 +70,7 @@ def clicks_accounted_for(
 
 @dg.asset_check(
     asset="joined_clicks",
+    blocking=True,
     description="Verification (Photon §3.3.3): lists registered ids whose output is in neither "
     "joined_clicks nor unjoinable_clicks although no work unit that could write it is in flight "
     "(lost: the recover_lost_clicks job re-injects them), and counts finished work units whose "
@@ -109,6 +113,7 @@ def aggregates_match_joined_clicks(warehouse: WarehouseResource) -> dg.AssetChec
 
 @dg.asset_check(
     asset="joined_clicks",
+    blocking=True,
     description="No query has more joined clicks than max_clicks_per_query (when set); clicks past it "
     "are in unjoinable_clicks with reason capped. Reports the largest query's joined clicks either way.",
 )
@@ -144,5 +149,70 @@ def joined_clicks_freshness(fresh_within_seconds: float) -> list[dg.AssetChecksD
         ))
 
 
+# The checks each click run makes of what it wrote (photon_assets/clicks.py yields them), at a cost that
+# follows the run's rows. Blocking: a failure fails the run (and its retry follows), and while the latest
+# evaluation of one failed, click_aggregates is not refreshed (sensors/upkeep.py).
+WORK_UNIT_JOINED_ONCE = "work_unit_joined_once"
+WORK_UNIT_ACCOUNTED_FOR = "work_unit_clicks_accounted_for"
+WORK_UNIT_CHECK_SPECS = [
+    dg.AssetCheckSpec(
+        WORK_UNIT_JOINED_ONCE, asset="joined_clicks", blocking=True,
+        description="The rows this click run's work unit wrote to joined_clicks: no click_id twice, none also in "
+        "its unjoinable_clicks rows, each registered in the id registry (an id written but not registered "
+        "could be joined again by another run).",
+    ),
+    dg.AssetCheckSpec(
+        WORK_UNIT_ACCOUNTED_FOR, asset="joined_clicks", blocking=True,
+        description="Every distinct click this run's work unit looked up is exactly one of: joined (a row it "
+        "wrote), unjoinable (a row it wrote), pending, or registered by another work unit (skipped or refused).",
+    ),
+]
+
+
+def work_unit_checks(joined: pa.Table, unjoinable: pa.Table, registered: pa.Table,
+                     stats: JoinStats) -> list[dg.AssetCheckResult]:
+    """The two WORK_UNIT_CHECK_SPECS results, from the rows the unit wrote (`joined`: click_id, `unjoinable`:
+    click_id; spark_ops/verification.py: unit_rows), the registry's lookup of the joined ids and the
+    pass's counts."""
+    joined_ids = joined["click_id"]
+    in_registry = registered.filter(pc.equal(registered["status"], "registered"))["click_id"]
+    once = {
+        "joined_rows": len(joined),
+        "duplicate_rows": len(joined) - len(pc.unique(joined_ids)),
+        "also_unjoinable": pc.sum(pc.is_in(joined_ids, value_set=unjoinable["click_id"])).as_py() or 0,
+        "not_registered": len(joined) - (pc.sum(pc.is_in(joined_ids, value_set=in_registry)).as_py() or 0),
+    }
+    resolved = len(joined) + len(unjoinable) + stats.pending + stats.skipped_registered + stats.refused
+    accounted = {
+        "clicks_looked_up": stats.looked_up, "joined_rows": len(joined), "unjoinable_rows": len(unjoinable),
+        "pending": stats.pending, "registered_elsewhere": stats.skipped_registered + stats.refused,
+        "unaccounted": stats.looked_up - resolved,
+    }
+    return [
+        dg.AssetCheckResult(check_name=WORK_UNIT_JOINED_ONCE, asset_key="joined_clicks", metadata=once,
+                            passed=once["duplicate_rows"] == once["also_unjoinable"] == once["not_registered"] == 0),
+        dg.AssetCheckResult(check_name=WORK_UNIT_ACCOUNTED_FOR, asset_key="joined_clicks", metadata=accounted,
+                            passed=accounted["unaccounted"] == 0),
+    ]
+
+
 ALL_CHECKS = [joined_clicks_unique, clicks_accounted_for, registry_matches_output, aggregates_match_joined_clicks,
               joined_clicks_within_query_cap]
+
+
+def blocking_check_keys() -> list[dg.AssetCheckKey]:
+    """The checks of joined_clicks that gate what is built on it: the whole-table ones and the work unit's."""
+    return [spec.key for spec in [*(s for check in ALL_CHECKS for s in check.check_specs), *WORK_UNIT_CHECK_SPECS]
+            if spec.blocking and spec.asset_key == dg.AssetKey("joined_clicks")]
+
+
+def failed_blocking_checks(instance: dg.DagsterInstance) -> list[str]:
+    """The blocking checks whose latest evaluation failed: while one has, click_aggregates is not
+    refreshed from joined_clicks (sensors/upkeep.py); a later evaluation that passes lifts it."""
+    failed = []
+    for key in blocking_check_keys():
+        record = instance.get_latest_asset_check_evaluation_record(key)
+        # The record's status (AssetCheckExecutionRecordStatus, not exported by dagster) by its value.
+        if record is not None and record.status.value == "FAILED":
+            failed.append(key.name)
+    return failed

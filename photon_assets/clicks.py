@@ -9,6 +9,7 @@ import pydantic
 from pyspark.sql import functions as F
 
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
+from photon_assets.checks import WORK_UNIT_CHECK_SPECS, work_unit_checks
 from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
 from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import (
@@ -28,12 +29,14 @@ from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import IngestStats, UnitOutput, ingest_clicks, stage_lines
+from resources.registry.shards import LOOKUP_SCHEMA
 from spark_ops.join import EVENT_STORE_COUNTS, ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events
 from spark_ops.pending import PendingDigest, PendingPolicy, pending_retry_decision
-from spark_ops.tables import read_table, row_count
+from spark_ops.tables import no_rows, read_table, row_count
 from spark_ops.validity import TimestampValidity
+from spark_ops.verification import committed_version, unit_rows
 
 
 def pending_policy(progress: QueryProgress, settings: PipelineSettings) -> PendingPolicy:
@@ -85,6 +88,7 @@ def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, d
             group_name="joiner",
         ),
     ],
+    check_specs=WORK_UNIT_CHECK_SPECS,
     name="join_clicks",
 )
 def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark: SparkResource,
@@ -93,10 +97,15 @@ def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark
         if opening.unit is None:
             yield from tables_as_they_are(opening.session, opening.tables, ["click_ledger", "joined_clicks",
                                                                             "unjoinable_clicks"], config.dc)
+            yield from work_unit_checks(*[no_rows(name).select(["click_id"]) for name in WRITTEN], LOOKUP_SCHEMA.empty_table(),
+                                        JoinStats())
             return
         config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
         batched_before = registry.get().counters()["total"]
+        before = {name: committed_version(tables[name]) for name in WRITTEN}
         ingest, stats, digest = join_pass(config, session, warehouse, registry, settings, tables, meter)
+        checks = checked_output(config, tables, before, registry, stats)
+        meter.phase("work_unit_checks")
         batching = registry_batching(batched_before, registry.get().counters()["total"])
         behind = bytes_behind_log_heads(warehouse.layout, config.dc, "click")
         watermark = pass_watermark(warehouse, settings, config.dc, "click", config.work_unit, ingest)
@@ -138,6 +147,21 @@ def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark
             "clicks_added": stats.unjoinable,
         },
     )
+    yield from checks
+
+
+WRITTEN = ("joined_clicks", "unjoinable_clicks")
+
+
+def checked_output(config: WorkUnitConfig, tables: dict[str, str], before: dict[str, int],
+                   registry: IdRegistryResource, stats: JoinStats) -> list[dg.AssetCheckResult]:
+    """The work unit checks (photon_assets/checks.py) of what this run wrote: a first attempt's rows are
+    those of the commits after `before` (the tables' versions before its join); a retry's, every row
+    with its work unit's token."""
+    rows = {name: unit_rows(name, tables[name], config.token, before[name] if config.attempt == 1 else None,
+                            ["click_id", "timestamp_us"]) for name in WRITTEN}
+    registered = registry.get().lookup(rows["joined_clicks"]) if len(rows["joined_clicks"]) else LOOKUP_SCHEMA.empty_table()
+    return work_unit_checks(rows["joined_clicks"], rows["unjoinable_clicks"], registered, stats)
 
 
 def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: PendingDigest, batching: float | None,

@@ -1,19 +1,22 @@
 """Jobs: one per kind of work unit, the refresh of the aggregates, and the verification job that runs
 the asset checks (table maintenance is photon_assets/maintenance.py's).
 
-Micro-batch jobs run in-process (one step process per run, not per asset) and without the checks,
-which scan whole tables: those run in `verify`, once the pipeline is idle or on demand."""
+Micro-batch jobs run in-process (one step process per run, not per asset). A click run carries only the
+checks of what it wrote (photon_assets/checks.py, WORK_UNIT_CHECK_SPECS), blocking; the checks that scan
+whole tables run in `verify` (photon run, photon check) and, under the daemon, in `check_tables` runs
+(sensors/upkeep.py), off the click path."""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from photon_assets.checks import ALL_CHECKS
+from photon_assets.checks import ALL_CHECKS, WORK_UNIT_CHECK_SPECS
 from resources.id_registry import registry_mode_from_env
 
 INGEST_QUERIES_JOB = "ingest_queries"
 JOIN_CLICKS_JOB = "join_clicks_job"
 REFRESH_AGGREGATES_JOB = "refresh_aggregates"
+CHECK_TABLES_JOB = "check_tables"
 # Per stream: the job that runs its work units, and the op whose config names the unit.
 STREAM_JOBS = {"query": (INGEST_QUERIES_JOB, "ingest_query_logs"), "click": (JOIN_CLICKS_JOB, "join_clicks")}
 VERIFY_JOB = "verify"
@@ -34,9 +37,13 @@ ingest_queries_job = dg.define_asset_job(
     description="Parse one work unit of query logs into query_logs and log_file_map.",
 )
 
+# A click run's assets and the checks of what it wrote (its op yields them: they cannot be left out).
+CLICK_RUN_SELECTION = (dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks").without_checks()
+                       | dg.AssetSelection.checks(*[spec.key for spec in WORK_UNIT_CHECK_SPECS]))
+
 join_clicks_job = dg.define_asset_job(
     JOIN_CLICKS_JOB,
-    selection=dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks").without_checks(),
+    selection=CLICK_RUN_SELECTION,
     executor_def=dg.in_process_executor,
     tags=WORK_UNIT_TAGS,
     description="Join one work unit of clicks (new log bytes, or pending clicks) exactly once.",
@@ -48,6 +55,15 @@ refresh_aggregates_job = dg.define_asset_job(
     executor_def=dg.in_process_executor,
     tags=OFF_CLICK_PATH_TAGS,
     description="Refresh click_aggregates with the rows joined since its last refresh (off the click path).",
+)
+
+check_tables_job = dg.define_asset_job(
+    CHECK_TABLES_JOB,
+    selection=dg.AssetSelection.checks(*ALL_CHECKS),
+    executor_def=dg.in_process_executor,
+    tags={**REGISTRY_TAGS, **OFF_CLICK_PATH_TAGS, "photon/kind": "checks"},
+    description="Every whole-table check (completeness, uniqueness, registry and output, aggregates, caps) over "
+    "the tables as they are, nothing materialized: requested by the table_checks sensor under the daemon.",
 )
 
 verify_job = dg.define_asset_job(

@@ -1,8 +1,9 @@
 """The recovery job (Photon §3.3.3): output lost after its ids were registered is joined again.
 
 1. Output tables whose data files have gone (storage loss) are rewritten from what remains, and
-   click_aggregates is then recomputed in full: the rewrites are no refresh the change feed could
-   carry on from.
+   a click_id written twice (by a writer outside the pipeline: the uniqueness check finds it) is
+   reduced to its earliest row; click_aggregates is then recomputed in full: the rewrites are no
+   refresh the change feed could carry on from.
 2. Lost ids, and clicks a finished work unit read but left untracked (spark_ops/verification.py),
    are re-injected as pending clicks of the datacenter that read them, from the click ledger, and
    only then unregistered: a crash in between leaves them registered and lost, so the next
@@ -42,6 +43,7 @@ from spark_ops.verification import (
     RECOVERY_UNIT_PREFIX,
     add_pending,
     confirmed_tokens,
+    deduplicate,
     lost_ids,
     reinjected_clicks,
     repair_table,
@@ -54,10 +56,12 @@ RECOVER_JOB = "recover_lost_clicks"
 # Tables whose lost files recovery can make good: the outputs (re-joined through the registry) and
 # the pending clicks (their clicks are in the ledger, unregistered: the checks count them untracked).
 REPAIRABLE_TABLES = ("joined_clicks", "unjoinable_clicks", "click_aggregates", "pending_clicks")
+# Output tables whose click ids are unique, and the column that says which of two rows came first.
+DEDUPLICATED = {"joined_clicks": "joined_at", "unjoinable_clicks": "recorded_at"}
 
 
-@dg.op(description="Repair output tables after storage loss, re-inject lost clicks as pending, "
-       "unregister them, and clear tokens of confirmed output.")
+@dg.op(description="Repair output tables after storage loss, remove rows of a click id written twice, re-inject "
+       "lost clicks as pending, unregister them, and clear tokens of confirmed output.")
 def recover_clicks(
     context: dg.OpExecutionContext,
     spark: SparkResource,
@@ -69,7 +73,8 @@ def recover_clicks(
     tables = warehouse.tables()
     layout = warehouse.layout
     missing_files = {name: repair_table(session, name, tables[name]) for name in REPAIRABLE_TABLES}
-    if missing_files["joined_clicks"] or missing_files["click_aggregates"]:
+    duplicates = {name: deduplicate(session, name, tables[name], written_at) for name, written_at in DEDUPLICATED.items()}
+    if missing_files["joined_clicks"] or missing_files["click_aggregates"] or duplicates["joined_clicks"]:
         refresh_aggregates(session, tables["joined_clicks"], tables["click_aggregates"], full=True)
     staged = layout.staging / f"recovery-{context.run_id}"
     ids = registry.get()
@@ -83,7 +88,7 @@ def recover_clicks(
             f"{counts['without_source']} lost id(s) have no click in the ledger to re-inject; they stay "
             "registered (and reported by the registry_matches_output check)"
         )
-    result = {**counts, "tokens_cleared": len(tokens), "token_ids_cleared": cleared,
+    result = {**counts, "duplicate_rows_removed": duplicates, "tokens_cleared": len(tokens), "token_ids_cleared": cleared,
               "datacenters": dcs, "missing_files": missing_files, "recovered_work_units": recovered_units}
     context.log.info(f"recovery: {result}")
     return dg.Output(result, metadata={k: dg.JsonMetadataValue(v) if isinstance(v, (dict, list)) else v

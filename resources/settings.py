@@ -66,6 +66,9 @@ class PipelineSettings(dg.ConfigurableResource):
     # these tables whole, so they may hold more files: at one or two files a pass every ~15 s, 64
     # files is 8-16 minutes.
     aggregates_refresh_seconds: float = 60.0
+    # Under the daemon the whole-table checks run this often while the tables change, and once more
+    # when the pipeline is idle (sensors/upkeep.py: table_checker).
+    table_checks_every_seconds: float = 180.0
     maintenance_every_seconds: float = 60.0
     maintenance_compact_at_files: int = 64
     maintenance_compact_tables_per_run: int = 1

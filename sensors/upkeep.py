@@ -1,9 +1,13 @@
-"""Sensors for the work kept off the click path: refreshing click_aggregates and maintaining the tables.
+"""Sensors for the work kept off the click path: refreshing click_aggregates, checking the tables and
+maintaining them.
 
 Each requests a run at most every so often (PipelineSettings: aggregates_refresh_seconds,
-maintenance_every_seconds), never while one of its runs is queued or running. The aggregates refresh
-runs only when `joined_clicks` has a version its last refresh did not reach; its run key names that
-version (and a try number, should a run for it fail). Maintenance runs are numbered.
+table_checks_every_seconds, maintenance_every_seconds), never while one of its runs is queued or
+running. The aggregates refresh runs only when `joined_clicks` has a version its last refresh did not
+reach, and never while a blocking check of joined_clicks has failed at its latest evaluation (the
+checks gate what is built on it); its run key names that version (and a try number, should a run for it
+fail). The table checks run when the tables changed since the last ones: on their cadence, and at once
+when no work unit is in flight (the pipeline is idle). Check and maintenance runs are numbered.
 """
 
 from __future__ import annotations
@@ -13,15 +17,19 @@ from pathlib import Path
 
 import dagster as dg
 
-from photon_assets.jobs import REFRESH_AGGREGATES_JOB
+from photon_assets.checks import failed_blocking_checks
+from photon_assets.jobs import CHECK_TABLES_JOB, REFRESH_AGGREGATES_JOB
 from photon_assets.maintenance import MAINTENANCE_JOB
-from photon_assets.work_unit import UNFINISHED
+from photon_assets.work_unit import UNFINISHED, work_units_in_flight
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
 from sensors.dispatcher import MIN_INTERVAL_SECONDS, default_status, read_cursor, run_loggers, write_cursor
 from spark_ops.tables import latest_version, table_committed
+from spark_ops.verification import committed_version
 
 AGGREGATES_SENSOR = "click_aggregates_refresher"
+CHECKS_SENSOR = "table_checker"
+CHECKED_TABLES = ("joined_clicks", "unjoinable_clicks", "pending_clicks", "click_aggregates")
 MAINTENANCE_SENSOR = "table_maintenance"
 
 
@@ -55,6 +63,10 @@ def aggregates_refresher(data_dir: str) -> dg.SensorDefinition:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"up to date with joined_clicks version {version}")
         if runs_in_flight(context.instance, REFRESH_AGGREGATES_JOB):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="a refresh is queued or running")
+        failed = failed_blocking_checks(context.instance)
+        if failed:
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=(
+                f"held: joined_clicks failed {', '.join(failed)}; the aggregates resume once its checks pass"))
         wait = cursor["requested_at"] + settings.aggregates_refresh_seconds - time.time()
         if wait > 0:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next refresh in {wait:.0f} s")
@@ -63,6 +75,39 @@ def aggregates_refresher(data_dir: str) -> dg.SensorDefinition:
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=key, run_config=run_loggers(), tags={"photon/kind": "aggregates"})],
             cursor=write_cursor({"requested_at": time.time(), "version": version, "tries": tries}),
+        )
+
+    return _sensor
+
+
+def table_versions(data_dir: str) -> list[int]:
+    layout = DataLayout(Path(data_dir))
+    return [committed_version(str(layout.table(name))) for name in CHECKED_TABLES]
+
+
+def table_checker(data_dir: str) -> dg.SensorDefinition:
+    @dg.sensor(
+        name=CHECKS_SENSOR,
+        job_name=CHECK_TABLES_JOB,
+        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
+        default_status=default_status(),
+        description="Runs every whole-table check when the output tables changed since the last ones: at most "
+        "every table_checks_every_seconds, and at once when no work unit is in flight.",
+    )
+    def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
+        cursor = read_cursor(context.cursor, requested_at=0.0, versions=[], requested=0)
+        versions = table_versions(data_dir)
+        if versions == cursor["versions"] or max(versions) < 0:
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="the tables are as last checked")
+        if runs_in_flight(context.instance, CHECK_TABLES_JOB):
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="a check run is queued or running")
+        wait = cursor["requested_at"] + settings.table_checks_every_seconds - time.time()
+        if wait > 0 and work_units_in_flight(context.instance):
+            return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next checks in {wait:.0f} s, or when idle")
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=f"checks.{cursor['requested']}", run_config=run_loggers(),
+                                        tags={"photon/kind": "checks"})],
+            cursor=write_cursor({"requested_at": time.time(), "versions": versions, "requested": cursor["requested"] + 1}),
         )
 
     return _sensor

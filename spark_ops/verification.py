@@ -20,6 +20,7 @@ then show up here as lost ids.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +36,10 @@ from pyspark.sql.window import Window
 
 from spark_ops.event_store import event_id_parts
 from spark_ops.pending import COLUMNS, CURRENT_SQL, pending_of
-from spark_ops.tables import CLICK_EVENT, append, delta_rows, duckdb_over, ensure_table, one_row, overwrite, table_lock
+from spark_ops.tables import (
+    CLICK_EVENT, append, delta_rows, duckdb_over, ensure_table, no_rows, one_row, overwrite, overwrite_where, read_table,
+    sql_literal, table_committed, table_lock,
+)
 
 RECOVERY_UNIT_PREFIX = "recovery"
 
@@ -195,3 +199,53 @@ def add_pending(spark: SparkSession, path: str, rows: DataFrame) -> None:
     already pending in their datacenter (a repeated recovery adds none)."""
     current = pending_of(spark, path).select("dc", "click_id")
     append(rows.join(current, ["dc", "click_id"], "left_anti").select(*COLUMNS), "pending_clicks", path)
+
+
+def deduplicate(spark: SparkSession, name: str, path: str, written_at: str) -> int:
+    """The rows of an output table whose click_id another row also has (appended by a writer outside the
+    pipeline, or by a bug) reduced to one per click_id, the earliest `written_at`, in one commit that
+    replaces only those click ids' rows. Found by DuckDB over the table (no Spark job when there are none).
+    Returns the rows removed."""
+    with duckdb_over({name: delta_rows(name, path)}) as con:
+        duplicated = [row[0] for row in con.sql(
+            f"SELECT click_id FROM {name} GROUP BY click_id HAVING count(*) > 1 ORDER BY click_id").fetchall()]
+        if not duplicated:
+            return 0
+        keys = ", ".join(sql_literal(key) for key in duplicated)
+        removed = one_row(con, f"SELECT count(*) - count(DISTINCT click_id) AS n FROM {name} WHERE click_id IN ({keys})")["n"]
+    rows = read_table(spark, name, path).where(F.col("click_id").isin(duplicated))
+    first = Window.partitionBy("click_id").orderBy(F.col(written_at), F.col("work_unit"))
+    kept = rows.withColumn("_n", F.row_number().over(first)).where(F.col("_n") == 1).drop("_n")
+    overwrite_where(kept, name, path, f"click_id IN ({keys})")
+    return removed
+
+
+def committed_version(path: str) -> int:
+    """The table's latest version; -1 before its first commit."""
+    return deltalake.DeltaTable(path).version() if table_committed(path) else -1
+
+
+def files_added_after(path: str, version: int) -> list[str]:
+    """The data files the table's commits after `version` added, read from their commit files in its
+    Delta log (the protocol's `add` actions): the cost follows those commits, not the table's size."""
+    log, added, latest = Path(path) / "_delta_log", [], committed_version(path)
+    for number in range(version + 1, latest + 1):
+        for line in (log / f"{number:020d}.json").read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                added.append(str(Path(path) / unquote(action["add"]["path"])))
+    return added
+
+
+def unit_rows(name: str, path: str, work_unit: str, after_version: int | None, columns: list[str]) -> pa.Table:
+    """The rows of `name` that `work_unit` wrote: those of the files added after `after_version` (a
+    first attempt's own commits), or with None those of the whole table (a retry, whose earlier attempt
+    may have written them)."""
+    if not table_committed(path):
+        return no_rows(name).select(columns)
+    if after_version is None:
+        dataset = deltalake.DeltaTable(path).to_pyarrow_dataset()
+    else:
+        dataset = ds.dataset(files_added_after(path, after_version), format="parquet",
+                             schema=no_rows(name).schema)
+    return dataset.to_table(columns=columns, filter=ds.field("work_unit") == work_unit)

@@ -21,6 +21,7 @@ from resources.state.layout import REPO_ROOT
 # end-to-end run of `photon run`. Everything else runs in the full suite.
 QUICK = (
     "tests/sensors/",
+    "tests/photon_assets/test_checks.py",
     "tests/scripts/",
     "tests/resources/test_id_registry.py",
     "tests/resources/registry/test_shards.py",

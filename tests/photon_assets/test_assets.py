@@ -3,10 +3,12 @@
 import json
 
 import dagster as dg
+import deltalake
 import pytest
 
-from photon_assets.checks import ALL_CHECKS, aggregates_match_joined_clicks, joined_clicks_freshness
+from photon_assets.checks import ALL_CHECKS, aggregates_match_joined_clicks, failed_blocking_checks, joined_clicks_freshness
 from photon_assets.clicks import click_aggregates, join_clicks
+from photon_assets.jobs import CLICK_RUN_SELECTION
 from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
@@ -21,7 +23,7 @@ from sensors.dispatcher import log_dispatcher
 from tests.conftest import click, query, write_lines
 
 ASSETS = [ingest_query_logs, join_clicks, click_aggregates, *ALL_CHECKS]
-CLICK_UNIT = dg.AssetSelection.assets("click_ledger", "joined_clicks", "unjoinable_clicks").without_checks()
+CLICK_UNIT = CLICK_RUN_SELECTION
 QUERY_UNIT = dg.AssetSelection.assets("query_logs", "log_file_map").without_checks()
 AGGREGATES = dg.AssetSelection.assets("click_aggregates").without_checks()
 
@@ -47,9 +49,9 @@ def unit(op: str, work_unit: str, path=None, kind="log_ranges") -> dict:
     return {"ops": {op: {"config": config}}}
 
 
-def materialize(data_dir, instance, selection, run_config=None):
+def materialize(data_dir, instance, selection, run_config=None, raise_on_error=True):
     return dg.materialize(ASSETS, selection=selection, resources=resources(data_dir), instance=instance,
-                          run_config=run_config or {})
+                          run_config=run_config or {}, raise_on_error=raise_on_error)
 
 
 def metadata(result, asset: str) -> dict:
@@ -257,7 +259,8 @@ def test_table_maintenance_evicts_the_durable_tier_and_deletes_unreferenced_file
 
 
 def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
-    """A click registered but never written (a joiner crash with no retry) fails two checks."""
+    """A click registered but never written (a joiner crash with no retry) fails two checks, both
+    blocking: the run fails, and the aggregates are held until a later evaluation passes."""
     import pyarrow as pa
 
     logs = data_dir / "logs" / "dc1"
@@ -266,7 +269,10 @@ def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
         materialize(data_dir, instance, CLICK_UNIT, unit("join_clicks", "dc1.click.00000000", clicks))
         registry = IdRegistryResource(data_dir=str(data_dir)).get()
         registry.commit(pa.table({"click_id": ["10.3.0.1:1:1"], "timestamp_us": [10]}), "crashed-unit")
-        checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))
+        assert failed_blocking_checks(instance) == []
+        checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS), raise_on_error=False)
+        assert not checked.success
+        assert sorted(failed_blocking_checks(instance)) == ["clicks_accounted_for", "registry_matches_output"]
         evaluations = {e.check_name: e for e in checked.get_asset_check_evaluations()}
         assert not evaluations["registry_matches_output"].passed
         assert evaluations["registry_matches_output"].metadata["lost_ids"].value == 1
@@ -282,3 +288,35 @@ def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
         assert registry.lookup(pa.table({"click_id": ["10.3.0.1:1:1"], "timestamp_us": [10]})).num_rows == 0
         checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))
         assert all(e.passed for e in checked.get_asset_check_evaluations())
+        assert failed_blocking_checks(instance) == []
+
+
+def test_a_click_written_twice_by_another_writer_fails_uniqueness_until_recovery_removes_it(data_dir):
+    """Another writer appends a copy of a joined row: the uniqueness check fails (blocking: the run fails,
+    the aggregates are held); recovery keeps the earliest row and recomputes the aggregates; the checks pass."""
+    logs = data_dir / "logs" / "dc1"
+    queries = write_lines(logs / "query" / "w" / "0.jsonl", [query("10.1.0.1:1:1", 5), query("10.1.0.1:1:2", 6)])
+    clicks = write_lines(logs / "click" / "w" / "0.jsonl",
+                         [click("10.3.0.1:1:1", "10.1.0.1:1:1", 10), click("10.3.0.1:1:2", "10.1.0.1:1:2", 20)])
+    with dg.instance_for_test() as instance:
+        materialize(data_dir, instance, QUERY_UNIT, unit("ingest_query_logs", "dc1.query.00000000", queries))
+        joined = materialize(data_dir, instance, CLICK_UNIT, unit("join_clicks", "dc1.click.00000000", clicks))
+        assert metadata(joined, "joined_clicks")["clicks_joined"] == 2
+        materialize(data_dir, instance, AGGREGATES)
+        path = str(data_dir / "warehouse" / "joined_clicks")
+        row = deltalake.DeltaTable(path).to_pyarrow_table().slice(0, 1)
+        deltalake.write_deltalake(path, row, mode="append")
+
+        checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS), raise_on_error=False)
+        assert not checked.success
+        evaluations = {e.check_name: e for e in checked.get_asset_check_evaluations()}
+        assert evaluations["joined_clicks_unique"].metadata["duplicate_rows"].value == 1
+        assert failed_blocking_checks(instance) == ["joined_clicks_unique"]
+
+        recovered = recover_lost_clicks_job.execute_in_process(resources=resources(data_dir), instance=instance)
+        assert recovered.output_for_node("recover_clicks")["duplicate_rows_removed"] == {
+            "joined_clicks": 1, "unjoinable_clicks": 0}
+        assert deltalake.DeltaTable(path).to_pyarrow_table().num_rows == 2
+        checked = materialize(data_dir, instance, dg.AssetSelection.checks(*ALL_CHECKS))
+        assert all(e.passed for e in checked.get_asset_check_evaluations())
+        assert failed_blocking_checks(instance) == []

@@ -1,4 +1,5 @@
-"""The sensors of the work kept off the click path: the aggregates refresh and table maintenance."""
+"""The sensors of the work kept off the click path: the aggregates refresh, the table checks and table
+maintenance."""
 
 import json
 import time
@@ -9,9 +10,10 @@ import pyarrow as pa
 import pytest
 from dagster._core.test_utils import create_run_for_test
 
-from photon_assets.jobs import REFRESH_AGGREGATES_JOB
+from photon_assets.jobs import CHECK_TABLES_JOB, JOIN_CLICKS_JOB, REFRESH_AGGREGATES_JOB
+from photon_assets.work_unit import TAG_WORK_UNIT
 from resources.settings import PipelineSettings
-from sensors.upkeep import aggregates_refresher, table_maintainer
+from sensors.upkeep import aggregates_refresher, table_checker, table_maintainer
 
 
 @pytest.fixture
@@ -71,3 +73,45 @@ def test_table_maintenance_runs_every_interval_under_numbered_keys(instance):
     due = json.dumps({**json.loads(first.cursor), "since": time.time() - 301})
     [request] = evaluate(sensor, instance, cursor=due, maintenance_every_seconds=300).run_requests
     assert request.run_key == "maintenance.0"
+
+
+def evaluated(instance, check: str, passed: bool) -> None:
+    instance.report_runless_asset_event(dg.AssetCheckEvaluation(asset_key=dg.AssetKey("joined_clicks"),
+                                                                check_name=check, passed=passed))
+
+
+def test_the_aggregates_are_held_while_a_blocking_check_of_joined_clicks_has_failed(tmp_path, instance):
+    sensor = aggregates_refresher(str(tmp_path))
+    version = commit_joined(tmp_path)
+    evaluated(instance, "joined_clicks_unique", passed=False)
+    held = evaluate(sensor, instance, aggregates_refresh_seconds=0)
+    assert held.run_requests == []
+    assert held.skip_reason.skip_message.startswith("held: joined_clicks failed joined_clicks_unique")
+    # A later evaluation that passes lifts the hold.
+    evaluated(instance, "joined_clicks_unique", passed=True)
+    [request] = evaluate(sensor, instance, aggregates_refresh_seconds=0).run_requests
+    assert request.run_key == f"aggregates.v{version}"
+
+
+def test_the_table_checks_run_on_their_cadence_and_once_idle_when_the_tables_changed(tmp_path, instance):
+    sensor = table_checker(str(tmp_path))
+    assert evaluate(sensor, instance).run_requests == []  # no table yet
+    commit_joined(tmp_path)
+    first = evaluate(sensor, instance, table_checks_every_seconds=300)
+    [request] = first.run_requests  # idle: at once
+    assert request.run_key == "checks.0"
+    assert "as last checked" in evaluate(sensor, instance, cursor=first.cursor).skip_reason.skip_message
+
+    # The tables change while a work unit is in flight: the checks wait for the cadence.
+    commit_joined(tmp_path)
+    run = create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.STARTED,
+                              tags={TAG_WORK_UNIT: "dc1.click.00000001"})
+    waiting = evaluate(sensor, instance, cursor=first.cursor, table_checks_every_seconds=300)
+    assert waiting.run_requests == [] and "or when idle" in waiting.skip_reason.skip_message
+    due = json.dumps({**json.loads(first.cursor), "requested_at": time.time() - 301})
+    [request] = evaluate(sensor, instance, cursor=due, table_checks_every_seconds=300).run_requests
+    assert request.run_key == "checks.1"
+    # A check run in flight holds the next one back.
+    create_run_for_test(instance, job_name=CHECK_TABLES_JOB, status=dg.DagsterRunStatus.STARTED)
+    instance.report_run_failed(run)
+    assert "queued or running" in evaluate(sensor, instance, cursor=due).skip_reason.skip_message
