@@ -8,7 +8,9 @@ counts to the aggregates of their minutes: the minutes they span are rewritten i
 names the new version. It reads the change feed and the touched minutes' aggregates with deltalake
 in the driver (tens of thousands of rows: no Spark job), and writes with Spark. A first refresh, a
 full one (`verify`), or one whose change feed is gone (vacuumed) recomputes everything from a pinned
-snapshot instead, which is always right.
+snapshot instead, which is always right. A refresh publishes no click twice: a click id the versions it
+would add repeat (among themselves or from before) stops it with ClicksJoinedTwice, whether or not the
+checks have run on those versions yet (photon_assets/checks.py).
 """
 
 from __future__ import annotations
@@ -86,17 +88,23 @@ def refreshed_through(aggregates_path: str) -> tuple[int | None, int]:
     return (int(notes[0][len(VERSION_NOTE):]) if notes else None), history[0]["version"]
 
 
+class ClicksJoinedTwice(Exception):
+    """joined_clicks holds a click id twice in the versions a refresh would publish."""
+
+
 def changed_aggregates(joined_path: str, after: int, through: int) -> pa.Table | None:
     """Per (advertiser_id, minute): the clicks and cost added to joined_clicks in versions
     (after, through], less those removed; None when the change feed cannot tell (its files vacuumed
-    by table maintenance)."""
+    by table maintenance). Raises ClicksJoinedTwice when a click id inserted in them was already
+    joined by `after`, or is inserted twice."""
     try:
         feed = deltalake.DeltaTable(joined_path).load_cdf(
             starting_version=after + 1, ending_version=through,
-            columns=["advertiser_id", "timestamp_us", "cost_micros", "_change_type"])
+            columns=["click_id", "advertiser_id", "timestamp_us", "cost_micros", "_change_type"])
         rows = pa.RecordBatchReader.from_stream(feed).read_all()
     except (deltalake.exceptions.DeltaError, OSError):
         return None
+    refuse_clicks_joined_twice(joined_path, after, rows)
     kinds = rows["_change_type"].cast(pa.string()).to_numpy(zero_copy_only=False)
     sign = np.select([kinds == kind for kind in SIGNS], list(SIGNS.values()), 0)
     times = rows["timestamp_us"].to_numpy()
@@ -106,6 +114,23 @@ def changed_aggregates(joined_path: str, after: int, through: int) -> pa.Table |
         "clicks": pa.array(sign, pa.int64()), "cost_micros": pa.array(sign * rows["cost_micros"].to_numpy(), pa.int64()),
     })
     return _summed(counted)
+
+
+def refuse_clicks_joined_twice(joined_path: str, after: int | None, rows: pa.Table | ds.Dataset) -> None:
+    """The aggregates publish no click twice, whatever the checks have seen yet: the click ids of the
+    change feed's inserted `rows` must be distinct and absent from joined_clicks at version `after`
+    (None: `rows` is the whole table). Counted by DuckDB; raises ClicksJoinedTwice naming how many."""
+    before = no_rows("joined_clicks") if after is None else delta_rows("joined_clicks", joined_path, after)
+    with duckdb_over({"changes": rows, "joined": before}) as con:
+        inserted = "(SELECT click_id FROM changes WHERE _change_type = 'insert')" if "_change_type" in rows.schema.names \
+            else "(SELECT click_id FROM changes)"
+        twice = one_row(con, f"""
+            SELECT (SELECT count(*) - count(DISTINCT click_id) FROM {inserted}) AS repeated,
+                   (SELECT count(*) FROM {inserted} i SEMI JOIN joined j USING (click_id)) AS again""")
+    if twice["repeated"] or twice["again"]:
+        raise ClicksJoinedTwice(
+            f"joined_clicks holds {twice['repeated'] + twice['again']} click id(s) joined twice in versions after "
+            f"{after}: click_aggregates not refreshed (joined_clicks_unique names them; recover_lost_clicks removes them)")
 
 
 def _summed(rows: pa.Table) -> pa.Table:
@@ -128,6 +153,7 @@ def refresh_aggregates(spark: SparkSession, joined_path: str, aggregates_path: s
         changes = None if since is None else changed_aggregates(joined_path, since, version)
         with commit_note(spark, f"{VERSION_NOTE}{version}"):
             if changes is None:
+                refuse_clicks_joined_twice(joined_path, None, delta_rows("joined_clicks", joined_path, version))
                 overwrite(aggregate_clicks(snapshot), "click_aggregates", aggregates_path)
                 return {**done, "refreshed": "all"}
             if not changes.num_rows:

@@ -1,8 +1,10 @@
-"""click_aggregates refreshed with joined_clicks' changes equals the aggregation of the whole of it."""
+"""click_aggregates refreshed with joined_clicks' changes equals the aggregation of the whole of it, and
+never publishes a click id joined twice."""
 
+import pytest
 from pyspark.sql import functions as F
 
-from spark_ops.aggregates import VERSION_NOTE, aggregate_clicks, commit_note, refresh_aggregates, refreshed_through
+from spark_ops.aggregates import VERSION_NOTE, ClicksJoinedTwice, aggregate_clicks, commit_note, refresh_aggregates, refreshed_through
 from spark_ops.tables import TABLE_SCHEMAS, append_once, delta_path, overwrite, read_table
 
 MINUTE = 60_000_000
@@ -71,3 +73,11 @@ def test_refreshing_with_the_changes_gives_the_whole_aggregation_and_leaves_othe
     # In full, everything is recomputed: the untouched key goes.
     assert refresh_aggregates(spark, joined_path, aggregates_path, full=True)["refreshed"] == "all"
     assert as_set(read_table(spark, "click_aggregates", aggregates_path)) == expected()
+
+    # A click id another writer appends again: neither refresh publishes it.
+    through_before, _ = refreshed_through(aggregates_path)
+    append_once(joined_rows(spark, "intruder", [("a1", T0 + 5, "adv1", 100)]), "joined_clicks", joined_path, "intruder", 1)
+    for full in (False, True):
+        with pytest.raises(ClicksJoinedTwice, match=r"holds 1 click id\(s\) joined twice"):
+            refresh_aggregates(spark, joined_path, aggregates_path, full=full)
+    assert refreshed_through(aggregates_path)[0] == through_before
