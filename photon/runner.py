@@ -242,7 +242,10 @@ def registry_service(layout: DataLayout, log: logging.Logger):
             server = subprocess.Popen(
                 [sys.executable, "-m", "photon.cli", "registry", "serve", "--data-dir", str(layout.root),
                  "--port", "0", "--ready-file", str(ready)],
-                stdout=output, stderr=output, cwd=REPO_ROOT, preexec_fn=die_with_parent,
+                # A session of its own: a signal to the caller's process group (a terminal's Ctrl-C,
+                # systemd's stop) reaches the caller alone, which stops the service last, after the
+                # runs that use it; it dies with the caller all the same (die_with_parent).
+                stdout=output, stderr=output, cwd=REPO_ROOT, preexec_fn=die_with_parent, start_new_session=True,
             )
             while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -17,10 +17,14 @@ Components, each a process (group) of its own, each logging to `<data-dir>/state
 
 A component that exits (but a query tailer) stops the whole deployment with a one-line error naming it and its log
 (`photon up` does not restart it: a deployment that heals silently hides a crash loop). SIGINT or
-SIGTERM stops every component, the daemon and its runs first. A run cut short is marked failed when
-`photon up` (or `photon run`) next starts on the directory, its process killed first if it outlived
-a `photon up` killed by SIGKILL, and its work unit is retried: the exactly-once machinery makes that
-safe, so stopping loses nothing. While up, a run whose process died (killed, out of memory) is marked
+SIGTERM (to `photon up` or to its whole process group, as a terminal or systemd sends it) stops it
+within 30 s: the daemon first (no new runs), then the runs in flight get GRACE_SECONDS to finish, and
+those left, running or queued, are killed and marked canceled (a stop, not an incident: their work
+units are retried at the next start, safe by the exactly-once machinery); then the run server, the UI,
+Spark, the query tailers and last the registry service, so that nothing still running meets a
+component already stopped. A run cut short by a `photon up` killed with SIGKILL is marked failed when
+`photon up` (or `photon run`) next starts on the directory, its process killed first, and its work unit
+is retried: stopping loses nothing. While up, a run whose process died (killed, out of memory) is marked
 failed within seconds (`fail_dead_runs`), and retried.
 """
 
@@ -44,15 +48,19 @@ from photon.runner import (
     RunnerError, die_with_parent, exclusive, fail_orphaned_runs, headless_instance, prepare_environment,
     datacenter_leases, query_tailers, registry_log, registry_service, run_server_socket, stop_if_exited,
 )
-from photon.run_processes import process_alive_since, run_process
-from photon_assets.work_unit import TAG_DC
+from photon.run_processes import kill_run_process, process_alive_since, run_process
+from photon_assets.work_unit import TAG_DC, UNFINISHED
 from resources.runtime.spark_connect import free_port, server_command, server_environment, wait_until_serving
 from resources.spark import SPARK_REMOTE_ENV
 from resources.state.layout import REPO_ROOT, DataLayout
 from sensors.dispatcher import SENSORS_RUNNING_ENV
 
 REAP_EVERY_SECONDS = 5.0
-STOP_SECONDS = 25.0  # SIGTERM to SIGKILL, per component; the whole stop stays within 30 s
+# A stop's budget, within 30 s: the daemon's SIGTERM to SIGKILL, the runs' grace to finish, then the
+# other components' SIGTERM to SIGKILL (shared), then the query tailers and the registry service.
+DAEMON_STOP_SECONDS = 5.0
+GRACE_SECONDS = 12.0  # a click run takes a few seconds
+STOP_SECONDS = 8.0
 WEBSERVER_START_SECONDS = 180.0
 
 
@@ -96,8 +104,8 @@ def start(name: str, command: list[str], layout: DataLayout, env: dict[str, str]
     return Component(name, process, log)
 
 
-def stop(components: list[Component], log: logging.Logger) -> None:
-    """SIGTERM to each component's process group, in order, each given STOP_SECONDS; then SIGKILL."""
+def stop(components: list[Component], log: logging.Logger, seconds: float = STOP_SECONDS) -> None:
+    """SIGTERM to each component's process group, in order, sharing `seconds`; then SIGKILL."""
     for component in components:
         if component.process.poll() is None:
             log.info("stopping %s", component.name)
@@ -106,7 +114,7 @@ def stop(components: list[Component], log: logging.Logger) -> None:
         except ProcessLookupError:
             continue
         try:
-            component.process.wait(timeout=STOP_SECONDS / len(components))
+            component.process.wait(timeout=seconds / len(components))
         except subprocess.TimeoutExpired:
             pass
         try:
@@ -114,6 +122,37 @@ def stop(components: list[Component], log: logging.Logger) -> None:
         except ProcessLookupError:
             pass
         component.process.wait()
+
+
+def deployment_runs(instance: dg.DagsterInstance, datacenters: list[str], statuses) -> list[dg.DagsterRun]:
+    """Runs of these datacenters, or of none (aggregates, checks, maintenance, freshness), in `statuses`."""
+    return [run for run in instance.get_runs(dg.RunsFilter(statuses=list(statuses)))
+            if run.tags.get(TAG_DC) in (None, *datacenters)]
+
+
+def end_runs(instance: dg.DagsterInstance, datacenters: list[str], log: logging.Logger) -> None:
+    """Once the daemon has stopped (no run is launched any more): the runs under way get GRACE_SECONDS to
+    finish; each run left, running or queued, is killed and marked canceled."""
+    running = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+    deadline = time.monotonic() + GRACE_SECONDS
+    while deployment_runs(instance, datacenters, running) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    for run in deployment_runs(instance, datacenters, UNFINISHED):
+        kill_run_process(instance, run.run_id)
+        if instance.get_run_by_id(run.run_id).status in UNFINISHED:  # it may have finished meanwhile
+            instance.report_run_canceled(run, "photon up stopped before this run finished; its work unit is "
+                                              "retried at the next start")
+            log.info("run %s (%s) canceled by the stop", run.run_id, run.job_name)
+
+
+def shut_down(components: list[Component], instance: dg.DagsterInstance | None, datacenters: list[str],
+              log: logging.Logger) -> None:
+    """The daemon stopped, the runs ended (end_runs), then the other components, in order."""
+    daemons = [c for c in components if c.name == "dagster-daemon"]
+    stop(daemons, log, DAEMON_STOP_SECONDS)
+    if instance is not None and daemons:
+        end_runs(instance, datacenters, log)
+    stop([c for c in components if c not in daemons], log)
 
 
 def wait_for_webserver(url: str, webserver: Component) -> None:
@@ -183,6 +222,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
 
     prepare_environment(layout, datacenters, run_log_level="INFO")
     components: list[Component] = []
+    instance = None
     with ExitStack() as held:
         held.enter_context(only_one_up(layout))
         held.enter_context(exclusive(layout, datacenters))
@@ -229,4 +269,4 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             log.info("signal %d: stopping", stopping[0])
             return 0
         finally:
-            stop(components, log)
+            shut_down(components, instance, datacenters, log)

@@ -115,7 +115,8 @@ def reinject_lost_clicks(context: dg.OpExecutionContext, session, tables: dict[s
         joined = read_table(session, "joined_clicks", tables["joined_clicks"])
         unjoinable = read_table(session, "unjoinable_clicks", tables["unjoinable_clicks"])
         failed = runs_failed_for_good(context.instance)
-        lost = session.createDataFrame(lost_rows.select(["click_id", "token"]))
+        # With its schema: over Spark Connect an empty Arrow table has none to infer (no id lost).
+        lost = session.createDataFrame(lost_rows.select(["click_id", "token"]), schema="click_id string, token string")
         ledger = read_table(session, "click_ledger", tables["click_ledger"])
         pending = pending_of(session, tables["pending_clicks"])
         untracked = keep(untracked_clicks(ledger, registered, joined, unjoinable, pending, in_flight))

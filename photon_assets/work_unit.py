@@ -160,8 +160,14 @@ UNFINISHED = {
 }
 
 
+# The ends of a run whose work unit is retried: failed, or canceled (photon up stopped while it ran or
+# waited in the queue: photon/up.py).
+ENDED_EARLY = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+
 def failed_latest_attempts(instance: dg.DagsterInstance, filters: dg.RunsFilter) -> list[dg.RunRecord]:
-    """For each work unit with a failed run: its latest attempt, if that failed and none succeeded."""
+    """For each work unit with a run ended early (ENDED_EARLY): its latest attempt, if that ended early
+    and none succeeded."""
     failed_units = {
         record.dagster_run.tags[TAG_WORK_UNIT]
         for record in instance.get_run_records(filters)
@@ -182,7 +188,7 @@ def _failed_work_units(instance: dg.DagsterInstance, exhausted: bool) -> set[str
 
 def _failed_runs(instance: dg.DagsterInstance, exhausted: bool) -> list[dg.RunRecord]:
     max_attempts = pipeline_settings().max_attempts
-    records = failed_latest_attempts(instance, dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+    records = failed_latest_attempts(instance, dg.RunsFilter(statuses=ENDED_EARLY))
     return [
         r for r in records
         if (int(r.dagster_run.tags.get(TAG_ATTEMPT, "1")) >= max_attempts) == exhausted

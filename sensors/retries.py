@@ -3,7 +3,8 @@
 The daemon never relaunches a run key that has a run, even a failed one, so attempt n+1 of a work
 unit is requested under its own key `<work unit>#<n+1>` with the same configuration (the same byte
 ranges and the same registry token). Runs killed with their process are marked failed by the
-runner (see photon/runner.py) or by Dagster's run monitoring, and then retried the same way. A
+runner (see photon/runner.py) or by Dagster's run monitoring, and then retried the same way; so are runs
+canceled because `photon up` stopped before they finished (photon/up.py). A
 catch-up run materialized with no work unit in its config cut its unit for itself: its retry names
 that unit, read back from the work unit log.
 Which work units are in flight, awaiting a retry or failed for good is read from the instance by
@@ -20,6 +21,7 @@ import dagster as dg
 
 from photon_assets.jobs import STREAM_JOBS
 from photon_assets.work_unit import (
+    ENDED_EARLY,
     TAG_ATTEMPT,
     TAG_DC,
     TAG_RECOVERED,
@@ -51,7 +53,7 @@ def plan_retries(
     now = time.time() if now is None else now
     job_name, op_name = STREAM_JOBS[stream]
     plan = RetryPlan()
-    filters = dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], tags={TAG_DC: dc, TAG_STREAM: stream})
+    filters = dg.RunsFilter(statuses=ENDED_EARLY, tags={TAG_DC: dc, TAG_STREAM: stream})
     for record in failed_latest_attempts(instance, filters):
         run = record.dagster_run
         if TAG_RECOVERED in run.tags:

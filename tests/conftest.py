@@ -38,6 +38,7 @@ QUICK = (
     "tests/test_connect_compatible.py",
     "tests/e2e/test_photon_run.py::test_a_small_workload_end_to_end",
     "tests/e2e/test_photon_run.py::test_bad_invocations_fail_with_one_line",
+    "tests/benchmarks/test_chaos.py::test_a_scenario_is_drawn_from_its_seed",
 )
 
 
@@ -46,6 +47,7 @@ QUICK = (
 SLOWEST_FIRST = (
     "tests/e2e/test_datacenters.py",
     "tests/e2e/test_up.py",
+    "tests/e2e/test_up_checks.py",
     "tests/e2e/test_photon_run.py",
     "tests/spark_ops/test_event_store.py",
     "tests/benchmarks/test_run.py",
