@@ -148,11 +148,12 @@ def end_runs(instance: dg.DagsterInstance, datacenters: list[str], log: logging.
 def shut_down(components: list[Component], instance: dg.DagsterInstance | None, datacenters: list[str],
               log: logging.Logger) -> None:
     """The daemon stopped, the runs ended (end_runs), then the other components, in order."""
-    daemons = [c for c in components if c.name == "dagster-daemon"]
+    ordered = sorted(components, key=lambda c: STOP_ORDER.index(c.name))
+    daemons = [c for c in ordered if c.name == "dagster-daemon"]
     stop(daemons, log, DAEMON_STOP_SECONDS)
     if instance is not None and daemons:
         end_runs(instance, datacenters, log)
-    stop([c for c in components if c not in daemons], log)
+    stop([c for c in ordered if c not in daemons], log)
 
 
 def wait_for_webserver(url: str, webserver: Component) -> None:
@@ -201,15 +202,42 @@ def fail_dead_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> list
     return failed
 
 
-def start_spark_connect(layout: DataLayout, spark_master: str, components: list, log: logging.Logger) -> str:
-    """The deployment's Spark Connect server, started and serving (added to `components`); its URL."""
+def start_spark_connect(layout: DataLayout, spark_master: str) -> tuple[Component, str]:
+    """The deployment's Spark Connect server, started (not yet serving: see wait_until_serving), and its URL."""
     spark_port = free_port()
     remote = f"sc://127.0.0.1:{spark_port}"
-    spark = start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment())
-    components.append(spark)
+    return start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment()), remote
+
+
+# The order a stop goes in (shut_down): no new runs, the runs, the UI, then Spark.
+STOP_ORDER = ("dagster-daemon", "run-server", "dagster-webserver", "spark-connect")
+
+
+def start_components(layout: DataLayout, remote: str, port: int, components: list[Component],
+                     log: logging.Logger) -> str:
+    """The run server, the webserver and the daemon, started beside Spark Connect (`components`' first;
+    each is seconds of JVM start or imports on two cores): only the daemon waits, for Spark to serve and
+    the run server to listen, since it launches runs at once. Adds each to `components`; returns the
+    UI's URL."""
+    spark = components[0]
+    env = {**os.environ, SPARK_REMOTE_ENV: remote, SENSORS_RUNNING_ENV: "1"}
+    workspace = str(REPO_ROOT / "workspace.yaml")
+    bin_dir = Path(sys.executable).parent
+    # Runs are forks of the run server (photon/run_server.py), in its process group: stopped right
+    # after the daemon (no new runs), before the UI and Spark.
+    socket_path = run_server_socket(layout)
+    run_server = start("run-server", [sys.executable, "-m", "photon.run_server", str(socket_path)], layout, env)
+    components.append(run_server)
+    webserver = start("dagster-webserver", [str(bin_dir / "dagster-webserver"), "-w", workspace,
+                                            "-h", "127.0.0.1", "-p", str(port)], layout, env)
+    components.append(webserver)
     wait_until_serving(remote, spark.process)
-    log.info("Spark Connect server at %s (%s)", remote, spark_master)
-    return remote
+    log.info("Spark Connect server at %s", remote)
+    wait_for_run_server(socket_path, run_server)
+    components.append(start("dagster-daemon", [str(bin_dir / "dagster-daemon"), "run", "-w", workspace], layout, env))
+    url = f"http://127.0.0.1:{port}"
+    wait_for_webserver(url, webserver)
+    return url
 
 
 def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master: str, log: logging.Logger,
@@ -233,26 +261,13 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             orphans = fail_orphaned_runs(instance, datacenters)
             if orphans:
                 log.warning("marked %d run(s) cut short earlier as failed; their work units will be retried", orphans)
+            # Spark's JVM starts first: it takes longest, and needs nothing of the rest.
+            spark, remote = start_spark_connect(layout, spark_master)
+            components.append(spark)
             registry = held.enter_context(registry_service(layout, log))
             held.enter_context(datacenter_leases(layout, datacenters, log))
             tailers = held.enter_context(query_tailers(layout, datacenters, log))
-            remote = start_spark_connect(layout, spark_master, components, log)
-            env = {**os.environ, SPARK_REMOTE_ENV: remote, SENSORS_RUNNING_ENV: "1"}
-            workspace = str(REPO_ROOT / "workspace.yaml")
-            bin_dir = Path(sys.executable).parent
-            # Runs are forks of the run server (photon/run_server.py), in its process group: stopped
-            # right after the daemon (no new runs), before the UI and Spark.
-            socket_path = run_server_socket(layout)
-            run_server = start("run-server", [sys.executable, "-m", "photon.run_server", str(socket_path)], layout, env)
-            components.insert(0, run_server)
-            wait_for_run_server(socket_path, run_server)
-            components.insert(0, start("dagster-daemon", [str(bin_dir / "dagster-daemon"), "run", "-w", workspace],
-                                       layout, env))
-            webserver = start("dagster-webserver", [str(bin_dir / "dagster-webserver"), "-w", workspace,
-                                                    "-h", "127.0.0.1", "-p", str(port)], layout, env)
-            components.insert(2, webserver)  # after the daemon and the run server (with its runs)
-            url = f"http://127.0.0.1:{port}"
-            wait_for_webserver(url, webserver)
+            url = start_components(layout, remote, port, components, log)
             ready(f"photon up: {url} (data {layout.root}; logs {up_dir(layout)}); Ctrl-C stops", flush=True)
             # The registry service is stopped last, by registry_service, after the runs that use it.
             watched = [*components, *([Component("registry", registry, registry_log(layout))] if registry else [])]
