@@ -1,0 +1,40 @@
+"""`benchmarks/chaos.py`: a scenario is drawn from its seed alone; and its smoke run, two short
+scenarios (one `photon run`, one `photon up`) against the real pipeline, judged by the generator's
+ground truth, with the faults they injected counted."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.chaos import RUN_FAULTS, UP_FAULTS, scenario
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_scenario_is_drawn_from_its_seed():
+    assert scenario(7, "up") == scenario(7, "up")
+    assert scenario(7, "run") != scenario(8, "run")
+    for seed in range(50):
+        for mode, kinds in (("run", RUN_FAULTS), ("up", UP_FAULTS)):
+            drawn = scenario(seed, mode)
+            assert 1 <= len(drawn.faults) <= 3 and {kind for _, kind in drawn.faults} <= set(kinds)
+            assert [at for at, _ in drawn.faults] == sorted(at for at, _ in drawn.faults)
+            assert drawn.replay_command() == f"python benchmarks/chaos.py --replay {seed} --mode {mode}"
+
+
+@pytest.mark.benchmarks
+def test_two_scenarios_one_per_mode_find_nothing_lost_or_joined_twice(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    done = subprocess.run([sys.executable, "benchmarks/chaos.py", "--scenarios", "2", "--seed", "3", "--up-every", "1",
+                           "--results-dir", str(results)], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (written,) = results.glob("*-chaos-*.json")
+    result = json.loads(written.read_text())
+    assert result["scenarios"] == 2 and result["scenarios_by_mode"] == {"up": 1, "run": 1}
+    assert result["violations"] == 0 and result["violating_seeds"] == []
+    assert sum(result["faults_by_kind"].values()) >= 1
+    assert done.stdout.strip().splitlines()[-1].startswith("2 scenarios")
