@@ -19,12 +19,13 @@ def test_definitions_load_with_sensors_per_datacenter(tmp_path, monkeypatch):
     assert {s.name for s in repo.sensor_defs} == {
         f"{kind}_{dc}" for dc in ("dc1", "dc2")
         for kind in ("query_log_dispatcher", "click_log_dispatcher", "pending_click_dispatcher")
-    } | {"joined_clicks_freshness_sensor", "click_aggregates_refresher", "table_maintenance"}
-    assert {job.name for job in repo.get_all_jobs()} >= {"ingest_queries", "join_clicks_job", "verify"}
+    } | {"joined_clicks_freshness_sensor", "click_aggregates_refresher", "table_checker", "table_maintenance"}
+    assert {job.name for job in repo.get_all_jobs()} >= {"ingest_queries", "join_clicks_job", "check_tables", "verify"}
     assert {str(key.to_user_string()) for key in repo.asset_graph.get_all_asset_keys()} == {
         "query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates",
         "pending_clicks", "quarantined_lines"}
-    assert len(repo.asset_graph.asset_check_keys) == 6  # ALL_CHECKS and joined_clicks' freshness
+    # ALL_CHECKS, joined_clicks' freshness, and the two a click run makes of what it wrote
+    assert len(repo.asset_graph.asset_check_keys) == 8
     # Each asset shows its Delta table's columns in the UI before anything is materialized.
     for key in repo.asset_graph.get_all_asset_keys():
         schema = repo.asset_graph.get(key).metadata["dagster/column_schema"]

@@ -41,7 +41,7 @@ def test_the_code_location_loads_in_process_with_its_dispatchers(tmp_path, monke
     assert errors == []
     assert sorted(s.name for s in sensors) == [
         "click_aggregates_refresher", "click_log_dispatcher_dc1", "joined_clicks_freshness_sensor",
-        "pending_click_dispatcher_dc1", "query_log_dispatcher_dc1", "table_maintenance",
+        "pending_click_dispatcher_dc1", "query_log_dispatcher_dc1", "table_checker", "table_maintenance",
     ]
 
 
