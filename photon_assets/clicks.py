@@ -21,6 +21,7 @@ from photon_assets.work_unit import (
 )
 from resources.event_store.progress import QueryCache, QueryProgress, known_query_progress
 from resources.id_registry import IdRegistryResource
+from resources.registry.shards import LOOKUP_SCHEMA
 from resources.runtime import faults
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
@@ -29,7 +30,6 @@ from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import IngestStats, UnitOutput, ingest_clicks, stage_lines
-from resources.registry.shards import LOOKUP_SCHEMA
 from spark_ops.join import EVENT_STORE_COUNTS, ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events
@@ -161,7 +161,7 @@ def checked_output(config: WorkUnitConfig, tables: dict[str, str], before: dict[
     rows = {name: unit_rows(name, tables[name], config.token, before[name] if config.attempt == 1 else None,
                             ["click_id", "timestamp_us"]) for name in WRITTEN}
     registered = registry.get().lookup(rows["joined_clicks"]) if len(rows["joined_clicks"]) else LOOKUP_SCHEMA.empty_table()
-    return work_unit_checks(rows["joined_clicks"], rows["unjoinable_clicks"], registered, stats)
+    return work_unit_checks(rows["joined_clicks"], rows["unjoinable_clicks"], registered, stats, config.attempt == 1)
 
 
 def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: PendingDigest, batching: float | None,

@@ -52,7 +52,8 @@ from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, TimestampVali
 Adapter = Callable[[DataFrame], DataFrame]
 
 # Points between the join's side effects where a crash must leave a retryable state.
-CRASH_POINTS = ("before_registry_commit", "after_registry_commit", "after_output_write")
+# The last: a retry then finds its clicks registered under no token, its output already written.
+CRASH_POINTS = ("before_registry_commit", "after_registry_commit", "after_output_write", "after_clear_tokens")
 
 
 def default_adapter(pairs: DataFrame) -> DataFrame:
@@ -261,6 +262,7 @@ def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
         # Output durable: the registry need not keep this token any more.
         unit.registry.clear_tokens(unit.token)
         stats.timed("clear_tokens", mark)
+        unit.checkpoint("after_clear_tokens")
         return stats
     finally:
         unit.event_store.release()
