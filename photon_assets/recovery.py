@@ -15,6 +15,7 @@ The pending-click dispatchers then join the re-injected clicks like any pending 
 """
 
 import shutil
+from dataclasses import dataclass
 
 import dagster as dg
 from pyspark.sql import functions as F
@@ -78,9 +79,10 @@ def recover_clicks(
         refresh_aggregates(session, tables["joined_clicks"], tables["click_aggregates"], full=True)
     staged = layout.staging / f"recovery-{context.run_id}"
     ids = registry.get()
-    counts, tokens, cleared, dcs, recovered_units = reinject_lost_clicks(context, session, tables, ids, staged)
+    done = reinject_lost_clicks(context, session, tables, ids, staged)
+    counts = done.counts
     # The pending-click dispatchers of these datacenters act on their digests.
-    for dc in dcs:
+    for dc in done.datacenters:
         policy = pending_policy(QueryProgress.load(layout.query_progress_file(dc)), settings)
         policy.digest(tables["pending_clicks"], dc).save(layout.pending_digest_file(dc))
     if counts["without_source"]:
@@ -88,18 +90,29 @@ def recover_clicks(
             f"{counts['without_source']} lost id(s) have no click in the ledger to re-inject; they stay "
             "registered (and reported by the registry_matches_output check)"
         )
-    result = {**counts, "duplicate_rows_removed": duplicates, "tokens_cleared": len(tokens), "token_ids_cleared": cleared,
-              "datacenters": dcs, "missing_files": missing_files, "recovered_work_units": recovered_units}
+    result = {**counts, "duplicate_rows_removed": duplicates, "tokens_cleared": len(done.tokens),
+              "token_ids_cleared": done.token_ids_cleared, "datacenters": done.datacenters, "missing_files": missing_files,
+              "recovered_work_units": done.recovered_units}
     context.log.info(f"recovery: {result}")
     return dg.Output(result, metadata={k: dg.JsonMetadataValue(v) if isinstance(v, (dict, list)) else v
                                        for k, v in result.items()})
 
 
-def reinject_lost_clicks(context: dg.OpExecutionContext, session, tables: dict[str, str], ids, staged) -> tuple:
+@dataclass
+class Reinjection:
+    """What reinject_lost_clicks did."""
+
+    counts: dict  # lost_ids, untracked, reinjected, unregistered, without_source
+    tokens: list[str]  # of confirmed output, cleared
+    token_ids_cleared: int
+    datacenters: list[str]  # re-injected into
+    recovered_units: list[str]
+
+
+def reinject_lost_clicks(context: dg.OpExecutionContext, session, tables: dict[str, str], ids, staged) -> Reinjection:
     """The clicks of lost ids (registered, with no output) and untracked clicks (in the ledger and
     nowhere else) re-injected as pending and unregistered; the tokens of confirmed output cleared; the
-    failed click units whose clicks are all accounted for marked recovered. Returns the counts, the
-    tokens, the token ids cleared, the datacenters re-injected into and the units recovered."""
+    failed click units whose clicks are all accounted for marked recovered."""
     held = []
 
     def keep(df):
@@ -142,7 +155,7 @@ def reinject_lost_clicks(context: dg.OpExecutionContext, session, tables: dict[s
         for df in held:
             df.unpersist()
         shutil.rmtree(staged, ignore_errors=True)
-    return counts, tokens, cleared, dcs, recovered_units
+    return Reinjection(counts, tokens, cleared, dcs, recovered_units)
 
 
 def clicks_accounted(session, tables: dict[str, str], record: dg.RunRecord) -> bool:
