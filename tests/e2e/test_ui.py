@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from photon_assets.checks import ALL_CHECKS, joined_clicks_freshness
+from photon_assets.checks import ALL_CHECKS, WORK_UNIT_CHECK_SPECS, joined_clicks_freshness
 from resources.runtime.spark_connect import free_port
 from resources.spark import SPARK_REMOTE_ENV
 from resources.state.layout import REPO_ROOT, TABLES
@@ -39,6 +39,7 @@ ASSET_GROUPS = {
 JOINED_CLICKS_CHECKS = sorted(
     [c.check_key.name for c in ALL_CHECKS if c.check_key.asset_key == dg.AssetKey("joined_clicks")]
     + [key.name for checks in joined_clicks_freshness(600) for key in checks.check_keys]
+    + [spec.name for spec in WORK_UNIT_CHECK_SPECS]  # the click run's own, in its op
 )
 
 ASSETS_QUERY = "{ assetNodes { assetKey { path } groupName } }"
