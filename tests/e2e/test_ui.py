@@ -7,6 +7,7 @@ tmp dir (and to docs/ on demand: `screenshot`). Everything is stopped at the end
 
 import json
 import os
+from contextlib import contextmanager
 import signal
 import subprocess
 import time
@@ -108,6 +109,18 @@ def ui_run(url: str, up: subprocess.Popen) -> dict:
         time.sleep(1)
 
 
+@contextmanager
+def ui_page():
+    """A page of Debian's chromium (Playwright), with the UI's timeouts."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        page = browser.new_page(viewport={"width": 1600, "height": 1100})
+        page.set_default_timeout(UI_TIMEOUT_MS)
+        expect.set_options(timeout=UI_TIMEOUT_MS)
+        yield page
+        browser.close()
+
+
 def screenshot(page: Page, name: str, tmp_path: Path) -> None:
     """Into the test's tmp dir; into docs/ too with PHOTON_UI_SCREENSHOTS=docs (how docs/ui-*.png are made)."""
     page.screenshot(path=tmp_path / name)
@@ -131,11 +144,7 @@ def test_the_ui_draws_materializes_and_checks_joined_clicks(tmp_path, spark_conn
     try:
         assets = graphql(url, ASSETS_QUERY)["assetNodes"]
         assert {"/".join(a["assetKey"]["path"]): a["groupName"] for a in assets} == ASSET_GROUPS
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-            page = browser.new_page(viewport={"width": 1600, "height": 1100})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            expect.set_options(timeout=UI_TIMEOUT_MS)
+        with ui_page() as page:
 
             # 1. The global asset graph, every group expanded: each asset drawn, materialized by photon run.
             page.goto(f"{url}/asset-groups")
@@ -195,7 +204,6 @@ def test_the_ui_draws_materializes_and_checks_joined_clicks(tmp_path, spark_conn
             expect(page.locator("canvas").first).to_be_visible()
             plots.evaluate("e => e.scrollIntoView({block: 'start'})")
             screenshot(page, "ui-asset-plots.png", tmp_path)
-            browser.close()
     finally:
         left = stop_up(up)
     assert left == set(), f"processes outlived photon up: {left}"

@@ -24,7 +24,7 @@ from pathlib import Path
 import dagster as dg
 import deltalake
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from photon.runner import headless_instance
 from photon_assets.jobs import CHECK_TABLES_JOB, JOIN_CLICKS_JOB
@@ -33,7 +33,7 @@ from resources.runtime.spark_connect import free_port
 from resources.state.layout import REPO_ROOT, DataLayout
 from sensors.upkeep import AGGREGATES_SENSOR
 from tests.e2e.test_photon_run import PHOTON, photon
-from tests.e2e.test_ui import CHROMIUM, UI_TIMEOUT_MS, graphql
+from tests.e2e.test_ui import CHROMIUM, graphql, ui_page
 from photon.run_processes import run_process
 from tests.e2e.test_up import descendants, wait_for_output, wait_until_gone
 
@@ -187,17 +187,12 @@ def test_checks_gate_the_running_deployment_and_a_stop_is_clean(tmp_path):
                              for t in graphql(url, TICKS_QUERY, selector=refresher)["sensorOrError"]["sensorState"]["ticks"]),
                  "the aggregates refresher to hold")
         assert aggregated_through(instance) < duplicated_at  # the refresh holds, or refuses (spark_ops/aggregates.py)
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-            page = browser.new_page(viewport={"width": 1600, "height": 1100})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            expect.set_options(timeout=UI_TIMEOUT_MS)
+        with ui_page() as page:
             page.goto(f"{url}/assets/joined_clicks?view=checks&checkDetail=joined_clicks_unique")
             expect(page.get_by_text("Failed", exact=True).first).to_be_visible()
             row = page.get_by_role("row").filter(has=page.get_by_role("cell", name="duplicate_rows", exact=True))
             expect(row.get_by_role("cell").last).to_have_text("1")
             page.screenshot(path=tmp_path / "ui-check-failed.png")
-            browser.close()
     finally:
         if up.poll() is None:
             terminate(up)
