@@ -22,6 +22,7 @@ command that replays it.
     python benchmarks/chaos.py --scenarios 100 [--seed 1] [--up-every 3]   # scenario i is `photon up` when i % 10 < up-every
     python benchmarks/chaos.py --replay SEED --mode run|up
     python benchmarks/chaos.py --scenarios 100 --max-minutes 90   # starts no scenario after 90 minutes
+    python benchmarks/chaos.py --merge A.json B.json --name chaos   # runs on the same product code, as one result
 
 Writes benchmarks/results/<date>-chaos-<commit>.json, again after each scenario: `scenarios`, `scenarios_by_mode`,
 `faults_by_kind`, `violations` (with `violating_seeds`), `wall_seconds`, and each scenario's record.
@@ -400,6 +401,31 @@ def summary(records: list[dict], wall: float) -> dict:
     }
 
 
+# What a scenario runs: everything but the tool's own folder, the tests and the docs.
+PRODUCT_PATHS = [".", ":(exclude)benchmarks", ":(exclude)tests", ":(exclude)docs", ":(exclude)*.md"]
+
+
+def same_product_code(a: str, b: str) -> bool:
+    return subprocess.run(["git", "diff", "--quiet", a, b, "--", *PRODUCT_PATHS], cwd=REPO).returncode == 0
+
+
+def merge(paths: list[Path], head: dict) -> dict:
+    """One result of several runs: allowed only when each ran on clean commits whose product code is
+    the code checked out now (the seeds must not repeat), so that the result holds for this code."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    for run in runs:
+        if run["commit"].endswith("-dirty") or not same_product_code(run["commit"], "HEAD"):
+            raise SystemExit(f"{run['commit']}: not the product code of HEAD (or dirty); its scenarios cannot count")
+    records = [r for run in runs for r in run["records"]]
+    seeds = Counter(r["seed"] for r in records)
+    if max(seeds.values()) > 1:
+        raise SystemExit(f"seeds played twice: {[s for s, n in seeds.items() if n > 1]}")
+    return {**head, "merged_from": [{"file": path.name, "commit": run["commit"], "command": run["command"]}
+                                    for path, run in zip(paths, runs)],
+            "scenarios_planned": sum(run["scenarios_planned"] for run in runs),
+            **summary(records, sum(run["wall_seconds"] for run in runs)), "records": records}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", type=int, default=100)
@@ -411,7 +437,17 @@ def main() -> None:
     parser.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--name", default="chaos", help="the result file's name: <date>-<name>-<commit>.json")
     parser.add_argument("--max-minutes", type=float, default=0, help="start no scenario after this long (0: no limit)")
+    parser.add_argument("--merge", type=Path, nargs="+", help="write these results (same product code) as one")
     args = parser.parse_args()
+    if args.merge:
+        head = {"benchmark": "chaos", "date": date.today().isoformat(), "commit": commit(), "machine": machine(),
+                "command": " ".join(sys.argv)}
+        result = merge(args.merge, head)
+        out = args.results_dir / f"{head['date']}-{args.name}-{head['commit']}.json"
+        out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"written to {out}: {result['scenarios']} scenarios {result['scenarios_by_mode']}, "
+              f"{result['violations']} violation(s) {result['violating_seeds']}")
+        return
     if args.replay is not None:
         if args.mode is None:
             parser.error("--replay needs --mode")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos import RUN_FAULTS, UP_FAULTS, scenario
+from benchmarks.chaos import RUN_FAULTS, UP_FAULTS, merge, scenario
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,6 +23,31 @@ def test_a_scenario_is_drawn_from_its_seed():
             assert 1 <= len(drawn.faults) <= 3 and {kind for _, kind in drawn.faults} <= set(kinds)
             assert [at for at, _ in drawn.faults] == sorted(at for at, _ in drawn.faults)
             assert drawn.replay_command() == f"python benchmarks/chaos.py --replay {seed} --mode {mode}"
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_runs_merge_only_on_the_product_code_checked_out_and_without_a_seed_twice(tmp_path):
+    def result(name: str, commit: str, seeds: list[int]) -> Path:
+        records = [{"seed": s, "mode": "run", "faults_injected": ["kill_registry"], "violations": []} for s in seeds]
+        path = tmp_path / name
+        path.write_text(json.dumps({"commit": commit, "command": name, "scenarios_planned": len(seeds),
+                                    "wall_seconds": 10.0, "records": records}))
+        return path
+
+    head = git("rev-parse", "--short", "HEAD")
+    merged = merge([result("a.json", head, [1, 2]), result("b.json", head, [3])], {"benchmark": "chaos"})
+    assert merged["scenarios"] == 3 and merged["faults_by_kind"] == {"kill_registry": 3}
+    assert merged["wall_seconds"] == 20.0 and [m["file"] for m in merged["merged_from"]] == ["a.json", "b.json"]
+    with pytest.raises(SystemExit, match="seeds played twice"):
+        merge([result("a.json", head, [1, 2]), result("c.json", head, [2])], {})
+    first = git("rev-list", "--max-parents=0", "HEAD").split()[0][:7]  # the project's first commit: other code
+    with pytest.raises(SystemExit, match="not the product code"):
+        merge([result("a.json", head, [1]), result("d.json", first, [4])], {})
+    with pytest.raises(SystemExit, match="not the product code"):
+        merge([result("e.json", head + "-dirty", [5])], {})
 
 
 @pytest.mark.benchmarks
