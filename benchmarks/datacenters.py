@@ -17,6 +17,16 @@
    (`photon replicate --to dc2`) and dc2 catches up through the same backlog, skipping the ranges
    dc1 finished without reading them. `catch_up_speedup`: dc1's time over dc2's. Then dc2 once more
    with nothing to do: the floor of any catch-up (`catch_up_speedup_ceiling`).
+4. A live outage (`live_outage`): `photon gen --follow` at `--rate` clicks/s into both replicas, a
+   `photon run` per datacenter; dc2's is SIGKILLed after `--outage-after` seconds and started again
+   `--outage-seconds` later, while its logs kept arriving (dc1 takes its share over meanwhile). The
+   backlog is the click lines dc2's logs received while it was down; dc2 has caught up when its
+   dispatcher has cut (or skipped, as done by dc1) every byte its click logs held when it came back,
+   and each of its own work units among them is done in the registry. `catch_up_rate_multiple`:
+   backlog clicks per second of catch-up, over the live click rate. Then the output against the
+   generator's truth: every joinable click once.
+
+    python benchmarks/datacenters.py [--parts both,failover,outage,live-outage] [--rate 1000 --outage-seconds 600]
 
 Writes benchmarks/results/<date>-datacenters.json and prints a summary.
 """
@@ -120,11 +130,11 @@ def both_at_once(work: Path, gen: list[str]) -> dict:
             "wasted_join_share": round(wasted / (joined + wasted), 4) if joined + wasted else None}
 
 
-def claims(data: Path, address: str) -> list[dict]:
-    """Every claim on the click files (resources/registry/work_claims.py), from the registry."""
+def claims(data: Path, address: str, dc: str = "dc1") -> list[dict]:
+    """Every claim on `dc`'s click files (resources/registry/work_claims.py), from the registry."""
     from resources.registry.client import RemoteIdRegistry
 
-    files = sorted(str(p.relative_to(data / "logs" / "dc1" / "click")) for p in (data / "logs" / "dc1" / "click").rglob("*.jsonl"))
+    files = sorted(click_sizes(data, dc))
     registry = RemoteIdRegistry(address)
     try:
         return registry.work_claims("click", files)
@@ -205,13 +215,108 @@ def outage_and_catch_up(work: Path, gen: list[str]) -> dict:
     }
 
 
+def click_sizes(data: Path, dc: str) -> dict[str, int]:
+    """The size of each of `dc`'s click log files now."""
+    root = data / "logs" / dc / "click"
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*.jsonl")}
+
+
+def lines_between(data: Path, dc: str, before: dict[str, int], after: dict[str, int]) -> int:
+    """Complete lines appended to `dc`'s click files between two `click_sizes`."""
+    root, lines = data / "logs" / dc / "click", 0
+    for file, end in after.items():
+        with open(root / file, "rb") as f:
+            f.seek(before.get(file, 0))
+            lines += f.read(end - before.get(file, 0)).count(b"\n")
+    return lines
+
+
+def caught_up(data: Path, dc: str, sizes: dict[str, int], address: str) -> bool:
+    """Whether `dc`'s dispatcher cut or skipped every byte of `sizes`, and each of its units among
+    them is done in the registry."""
+    from resources.state.layout import DataLayout
+    from resources.state.work_unit_log import WorkUnitLog
+
+    units = WorkUnitLog.load(DataLayout(data).work_unit_log(dc, "click")).units
+    offsets: dict[str, int] = {}
+    for unit in units:
+        for file, _, end in unit.ranges:
+            offsets[file] = max(offsets.get(file, 0), end)
+    if any(offsets.get(file, 0) < size for file, size in sizes.items()):
+        return False
+    ours = {u.id for u in units if u.dispatched and any(start < sizes.get(f, 0) for f, start, _ in u.ranges)}
+    done = {c["unit"] for c in claims(data, address, dc) if c["state"] != "claimed"}
+    return ours <= done
+
+
+def live_outage(work: Path, seed: int, rate: float, before: float, outage: float, after: float) -> dict:
+    from deltalake import DeltaTable
+
+    data = work / "live-outage"
+    total = before + outage + after
+    gen = subprocess.Popen([*PHOTON, "gen", "--data-dir", str(data), "--follow", "--rate", str(rate), "--duration-s",
+                            str(total), "--seed", str(seed), "--datacenters", "dc1,dc2", "--rotate-bytes", str(1 << 20)],
+                           cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not (data / "logs" / "dc2" / "click").is_dir():
+        if gen.poll() is not None:
+            raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
+        time.sleep(0.1)
+    started = time.monotonic()
+    registry = Registry(data)
+    try:
+        dc1 = start_run(data, "dc1", registry.address, "--min-seconds", str(total))
+        dc2, _ = start_run(data, "dc2", registry.address, "--min-seconds", str(total))
+        time.sleep(max(0.0, before - (time.monotonic() - started)))
+        if dc2.poll() is not None:
+            raise SystemExit(f"dc2 ended before its outage: {dc2.stderr.read()[-800:]}")
+        dc2.kill()
+        dc2.communicate()
+        down = click_sizes(data, "dc2")
+        time.sleep(outage)
+        back = click_sizes(data, "dc2")
+        backlog = lines_between(data, "dc2", down, back)
+        dc2 = start_run(data, "dc2", registry.address, "--min-seconds", str(max(0.0, total - (time.monotonic() - started))))
+        while not caught_up(data, "dc2", back, registry.address):
+            if dc2[0].poll() is not None:
+                raise SystemExit(f"dc2 ended before it caught up: {dc2[0].stderr.read()[-800:]}")
+            time.sleep(0.5)
+        catch_up_seconds = time.monotonic() - dc2[1]
+        if gen.wait() != 0:
+            raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
+        rows = [dc_row(finish(*dc1), "dc1"), dc_row(finish(*dc2), "dc2")]
+    finally:
+        registry.stop()
+    truth = json.loads((data / "gen_summary.json").read_text())
+    ids = DeltaTable(str(data / "warehouse" / "joined_clicks")).to_pyarrow_table(columns=["click_id"]).column(0).to_pylist()
+    per_second = backlog / catch_up_seconds
+    return {
+        "rate_clicks_per_second": rate, "outage_seconds": outage, "backlog_clicks": backlog,
+        "catch_up_seconds": round(catch_up_seconds, 2), "catch_up_clicks_per_second": round(per_second, 1),
+        "catch_up_rate_multiple": round(per_second / rate, 2), "datacenters": rows,
+        "no_click_twice": len(ids) == len(set(ids)),
+        "every_joinable_click_joined": set(ids) == set(truth["joinable_click_ids"]),
+    }
+
+
+PARTS = ("both", "failover", "outage", "live-outage")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--failover-seconds", type=float, default=120, help="live logs written for the failover run")
     parser.add_argument("--kill-after", type=float, default=15, help="seconds after dc2's first finished unit")
+    parser.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"which of {','.join(PARTS)} to run")
+    parser.add_argument("--rate", type=float, default=1000, help="live-outage: clicks per second")
+    parser.add_argument("--outage-after", type=float, default=120, help="live-outage: seconds before dc2 goes down")
+    parser.add_argument("--outage-seconds", type=float, default=600, help="live-outage: how long dc2 is down")
+    parser.add_argument("--after-seconds", type=float, default=300, help="live-outage: live logs after dc2 is back")
     args = parser.parse_args()
+    parts = args.parts.split(",")
+    if set(parts) - set(PARTS):
+        parser.error(f"--parts: one or more of {','.join(PARTS)}")
     gen = ["--queries", str(args.queries), "--seed", str(args.seed), "--datacenters", "dc1,dc2"]
     work = Path(tempfile.mkdtemp(prefix="photon-bench-dc-"))
     try:
@@ -220,16 +325,24 @@ def main() -> None:
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                      text=True).stdout.strip(),
             "workload": {"queries": args.queries, "seed": args.seed, "datacenters": ["dc1", "dc2"]},
-            "both_at_once": both_at_once(work, gen),
-            "failover": failover(work, args.seed, args.failover_seconds, args.kill_after),
-            "outage": outage_and_catch_up(work, gen),
         }
-        result["wasted_join_share"] = result["both_at_once"]["wasted_join_share"]
-        result["takeover_seconds"] = result["failover"]["takeover_seconds"]
-        result["catch_up_speedup"] = result["outage"]["catch_up_speedup"]
+        if "both" in parts:
+            result["both_at_once"] = both_at_once(work, gen)
+            result["wasted_join_share"] = result["both_at_once"]["wasted_join_share"]
+        if "failover" in parts:
+            result["failover"] = failover(work, args.seed, args.failover_seconds, args.kill_after)
+            result["takeover_seconds"] = result["failover"]["takeover_seconds"]
+        if "outage" in parts:
+            result["outage"] = outage_and_catch_up(work, gen)
+            result["catch_up_speedup"] = result["outage"]["catch_up_speedup"]
+        if "live-outage" in parts:
+            result["live_outage"] = live_outage(work, args.seed, args.rate, args.outage_after, args.outage_seconds,
+                                                args.after_seconds)
+            result["catch_up_rate_multiple"] = result["live_outage"]["catch_up_rate_multiple"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = REPO / "benchmarks" / "results" / f"{result['date']}-datacenters.json"
+    name = "datacenters" if parts == list(PARTS) else "datacenters-" + "-".join(parts)
+    out = args.results_dir / f"{result['date']}-{name}-{result['commit']}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(f"written to {out}")
