@@ -1,5 +1,6 @@
 """`benchmarks/datacenters.py`'s live outage, small: dc2 down while its logs keep arriving, then back;
-its catch-up is measured, and the output is every joinable click once."""
+its catch-up is measured, and the output is every joinable click once. (Not test_datacenters.py:
+tests/e2e has one, and test modules share one namespace here.)"""
 
 import json
 import os
