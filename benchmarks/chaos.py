@@ -420,9 +420,10 @@ def merge(paths: list[Path], head: dict) -> dict:
     seeds = Counter(r["seed"] for r in records)
     if max(seeds.values()) > 1:
         raise SystemExit(f"seeds played twice: {[s for s, n in seeds.items() if n > 1]}")
-    return {**head, "merged_from": [{"file": path.name, "commit": run["commit"], "command": run["command"]}
+    # Each run's own plan (a run stopped by --max-minutes played fewer): beside its file, not summed.
+    return {**head, "merged_from": [{"file": path.name, "commit": run["commit"], "command": run["command"],
+                                     "scenarios_planned": run["scenarios_planned"], "scenarios": len(run["records"])}
                                     for path, run in zip(paths, runs)],
-            "scenarios_planned": sum(run["scenarios_planned"] for run in runs),
             **summary(records, sum(run["wall_seconds"] for run in runs)), "records": records}
 
 
