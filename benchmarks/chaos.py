@@ -25,7 +25,7 @@ command that replays it.
     python benchmarks/chaos.py --merge A.json B.json --name chaos   # runs on the same product code, as one result
 
 Writes benchmarks/results/<date>-chaos-<commit>.json, again after each scenario: `scenarios`, `scenarios_by_mode`,
-`faults_by_kind`, `violations` (with `violating_seeds`), `wall_seconds`, and each scenario's record.
+`faults_by_kind` (with `seeds_without_a_fault`), `violations` (with `violating_seeds`), `wall_seconds`, and each scenario's record.
 `photon run` scenarios are clients of one Spark Connect server the tool starts (a JVM start per
 scenario would dominate); `photon up` scenarios start their own, as a deployment does.
 """
@@ -395,6 +395,8 @@ def summary(records: list[dict], wall: float) -> dict:
         "scenarios": len(records),
         "scenarios_by_mode": dict(Counter(r["mode"] for r in records)),
         "faults_by_kind": dict(Counter(kind for r in records for kind in r["faults_injected"])),
+        # A fault finds no target when its process already ended (a small `photon run` done early).
+        "seeds_without_a_fault": [r["seed"] for r in records if not r["faults_injected"]],
         "violations": sum(len(r["violations"]) for r in records),
         "violating_seeds": violating,
         "wall_seconds": round(wall, 1),
