@@ -226,8 +226,10 @@ def lines_between(data: Path, dc: str, before: dict[str, int], after: dict[str, 
     root, lines = data / "logs" / dc / "click", 0
     for file, end in after.items():
         with open(root / file, "rb") as f:
-            f.seek(before.get(file, 0))
-            lines += f.read(end - before.get(file, 0)).count(b"\n")
+            at = f.seek(before.get(file, 0))
+            while at < end:  # in blocks: ten minutes of clicks are hundreds of MB
+                block = f.read(min(16 << 20, end - at))
+                lines, at = lines + block.count(b"\n"), at + len(block)
     return lines
 
 
@@ -237,14 +239,11 @@ def caught_up(data: Path, dc: str, sizes: dict[str, int], address: str) -> bool:
     from resources.state.layout import DataLayout
     from resources.state.work_unit_log import WorkUnitLog
 
-    units = WorkUnitLog.load(DataLayout(data).work_unit_log(dc, "click")).units
-    offsets: dict[str, int] = {}
-    for unit in units:
-        for file, _, end in unit.ranges:
-            offsets[file] = max(offsets.get(file, 0), end)
+    log = WorkUnitLog.load(DataLayout(data).work_unit_log(dc, "click"))
+    offsets = log.next_offsets()
     if any(offsets.get(file, 0) < size for file, size in sizes.items()):
         return False
-    ours = {u.id for u in units if u.dispatched and any(start < sizes.get(f, 0) for f, start, _ in u.ranges)}
+    ours = {u.id for u in log.units if u.dispatched and any(start < sizes.get(f, 0) for f, start, _ in u.ranges)}
     done = {c["unit"] for c in claims(data, address, dc) if c["state"] != "claimed"}
     return ours <= done
 
@@ -275,15 +274,16 @@ def live_outage(work: Path, seed: int, rate: float, before: float, outage: float
         time.sleep(outage)
         back = click_sizes(data, "dc2")
         backlog = lines_between(data, "dc2", down, back)
-        dc2 = start_run(data, "dc2", registry.address, "--min-seconds", str(max(0.0, total - (time.monotonic() - started))))
+        dc2, restarted = start_run(data, "dc2", registry.address, "--min-seconds",
+                                   str(max(0.0, total - (time.monotonic() - started))))
         while not caught_up(data, "dc2", back, registry.address):
-            if dc2[0].poll() is not None:
-                raise SystemExit(f"dc2 ended before it caught up: {dc2[0].stderr.read()[-800:]}")
+            if dc2.poll() is not None:
+                raise SystemExit(f"dc2 ended before it caught up: {dc2.stderr.read()[-800:]}")
             time.sleep(0.5)
-        catch_up_seconds = time.monotonic() - dc2[1]
+        catch_up_seconds = time.monotonic() - restarted
         if gen.wait() != 0:
             raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
-        rows = [dc_row(finish(*dc1), "dc1"), dc_row(finish(*dc2), "dc2")]
+        rows = [dc_row(finish(*dc1), "dc1"), dc_row(finish(dc2, restarted), "dc2")]
     finally:
         registry.stop()
     truth = json.loads((data / "gen_summary.json").read_text())
