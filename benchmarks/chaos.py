@@ -58,7 +58,7 @@ UP_FAULTS = ("kill_run_process", "kill_daemon", "kill_webserver", "kill_spark_co
 # What each fault's process is, by its command line (the scenario's own: its data directory, or a
 # component's marker under its photon up).
 MARKERS = {"registry": "registry serve", "query_tailer": "event-store tail", "daemon": "dagster-daemon",
-           "webserver": "dagster-webserver", "spark_connect": "SparkConnectServer"}
+           "webserver": "dagster-webserver", "spark_connect": "photon-connect"}  # resources/runtime/spark_connect.py: SERVER_MARKER
 IDLE_TIMEOUT_SECONDS = 600
 MAX_RESTARTS = 6
 

@@ -35,8 +35,8 @@ def component(pid: int, root: int) -> str:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
     except OSError:
         return "gone"
-    for marker, name in (("SparkConnectServer", "spark connect server (JVM)"), ("worker_daemon", "python workers"),
-                         ("pyspark.daemon", "python workers"), ("event-store tail", "query tailer"),
+    for marker, name in (("photon-connect", "spark connect server (JVM)"), ("connect_driver", "spark connect driver (python)"),
+                         ("worker_daemon", "python workers"), ("pyspark.daemon", "python workers"), ("event-store tail", "query tailer"),
                          ("registry serve", "registry service"), ("dagster-daemon", "dagster-daemon"),
                          ("dagster-webserver", "dagster-webserver"), ("api grpc", "code server"),
                          ("execute_run", "run process"), ("api execute", "run process")):

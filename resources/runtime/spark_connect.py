@@ -1,9 +1,11 @@
 """The long-lived Spark behind a deployment: a Spark Connect server with Delta, started by the project.
 
-The server is in the pyspark wheel (no start script ships with it): `spark-submit --class
-org.apache.spark.sql.connect.service.SparkConnectServer spark-internal`, with the same settings as a
-local session (resources/spark.py: delta_conf). Its Python workers (mapInArrow: parsing, registry
-calls) must run the project's interpreter, hence PYSPARK_PYTHON in its environment.
+The server is in the pyspark wheel (no start script ships with it): `spark-submit` of our driver
+program (resources/runtime/connect_driver.py, which starts Spark's Connect service on its session),
+with the same settings as a local session (resources/spark.py: delta_conf) and one more: sessions
+share their Python workers (`spark.sql.artifact.isolation.enabled` off; why: the driver's docstring).
+Its Python workers (mapInArrow: parsing, registry calls) and the driver itself run the project's
+interpreter, hence PYSPARK_PYTHON in its environment. `SERVER_MARKER` is in the JVM's command line.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pyspark.find_spark_home import _find_spark_home
 
 from resources.spark import DRIVER_MEMORY, delta_conf
 
-SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+DRIVER = Path(__file__).with_name("connect_driver.py")
+SERVER_MARKER = "photon-connect"
 
 
 def server_command(port: int, master: str = "local[2]", driver_memory: str = DRIVER_MEMORY, shuffle_partitions: int = 4,
@@ -31,14 +34,15 @@ def server_command(port: int, master: str = "local[2]", driver_memory: str = DRI
         "spark.driver.host": host,
         "spark.driver.bindAddress": host,
         "spark.ui.enabled": "false",
+        # One pool of Python workers for every session (connect_driver.py).
+        "spark.sql.artifact.isolation.enabled": "false",
         # Executors of a standalone cluster run the same interpreter for their Python workers.
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
     }
     settings = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
     return [
         str(Path(_find_spark_home()) / "bin" / "spark-submit"),
-        "--class", SERVER_CLASS, "--name", "photon-connect", "--master", master, "--driver-memory", driver_memory,
-        *settings, "spark-internal",
+        "--name", SERVER_MARKER, "--master", master, "--driver-memory", driver_memory, *settings, str(DRIVER),
     ]
 
 

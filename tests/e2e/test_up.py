@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from photon.run_processes import run_process, stat_fields
 from photon.runner import headless_instance
 from photon_assets.work_unit import UNFINISHED
-from resources.runtime.spark_connect import free_port
+from resources.runtime.spark_connect import SERVER_MARKER, free_port
 from resources.spark import SPARK_REMOTE_ENV
 from resources.state.layout import REPO_ROOT, DataLayout
 from spark_ops.tables import table_committed
@@ -161,7 +161,7 @@ def test_photon_up_loses_nothing_to_killed_runs_and_components_then_stops_everyt
             time.sleep(0.5)
 
         seen.add(started_run(instance, up, seen)[0])
-        killed_component_stops_up(up, "spark-connect", "SparkConnectServer")
+        killed_component_stops_up(up, "spark-connect", SERVER_MARKER)
 
         up = start_up(tmp_path, env)
         run_id, _ = started_run(instance, up, seen)
