@@ -127,3 +127,35 @@ def latency_stages(data_dir: Path, sampler: LogSampler, dc: str = "dc1") -> dict
     return {name: ({"count": len(values), "p50": round(float(np.percentile(values, 50)), 2),
                     "p90": round(float(np.percentile(values, 90)), 2)} if values else {"count": 0})
             for name, values in stages.items()}
+
+
+def click_run_cost(dagster_home: Path) -> dict:
+    """What a click run costs, from the instance: per successful click run, the clicks it looked up
+    and its seconds from start to end, and the least-squares line through them, `seconds = fixed +
+    per_click * clicks`. The line is the floor of the live latency: at a click rate r a pass's cycle
+    settles at D = fixed / (1 - per_click * r), and a click waits about one run for its unit to be
+    cut, then its own run, so the cut and commit stages cannot sum to less than ~2 D."""
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    records = {r.dagster_run.run_id: r for r in instance.get_run_records(
+        dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))}
+    clicks, seconds = [], []
+    for event in instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=10_000).records:
+        looked_up = event.asset_materialization.metadata.get("clicks_looked_up")
+        record = records.get(event.run_id)
+        if looked_up is None or record is None or not record.start_time or not record.end_time:
+            continue
+        clicks.append(looked_up.value)
+        seconds.append(record.end_time - record.start_time)
+    if len(clicks) < 3:
+        return {"click_runs": len(clicks)}
+    per_click, fixed = np.polyfit(np.array(clicks, dtype=float), np.array(seconds), 1)
+    return {
+        "click_runs": len(clicks),
+        "clicks_per_run": {"p50": int(np.percentile(clicks, 50)), "max": int(max(clicks))},
+        "run_seconds": {"p50": round(float(np.percentile(seconds, 50)), 2), "p90": round(float(np.percentile(seconds, 90)), 2)},
+        "fit_fixed_seconds": round(float(fixed), 2),
+        "fit_seconds_per_1000_clicks": round(float(per_click) * 1000, 3),
+    }
