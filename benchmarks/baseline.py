@@ -2,7 +2,7 @@
 
 Generates the workload into a fresh directory, runs the pipeline, and reads from the Dagster
 instance how long runs took and where a micro-batch spends its time. Writes
-benchmarks/results/<date>-baseline.json and prints a Markdown table.
+benchmarks/results/<date>-baseline-<commit>.json and prints a Markdown table.
 
     .venv/bin/python benchmarks/baseline.py [--queries 20000] [--keep DIR]
 """
@@ -15,11 +15,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
+sys.path.insert(0, str(REPO))
+
+from benchmarks.result_file import ResultFile  # noqa: E402
 
 
 def photon(*args: str) -> str:
@@ -69,6 +70,7 @@ def main() -> None:
     options.add_argument("--seed", type=int, default=42)
     options.add_argument("--keep", type=Path, help="use (and keep) this data directory")
     args = options.parse_args()
+    results = ResultFile("baseline")
 
     data_dir = args.keep or Path(tempfile.mkdtemp(prefix="photon-bench-"))
     photon("gen", "--data-dir", str(data_dir), "--queries", str(args.queries), "--seed", str(args.seed))
@@ -85,9 +87,7 @@ def main() -> None:
         "joined_clicks_per_second": round(summary["clicks_joined"] / wall, 1),
         **run_phases(data_dir),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{date.today().isoformat()}-baseline.json"
-    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    out = results.write(result)
     print(json.dumps(result, indent=2, sort_keys=True))
     print(f"written to {out}")
     if not args.keep:

@@ -42,14 +42,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from datetime import date
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import commit, machine  # noqa: E402
+from benchmarks.result_file import ResultFile  # noqa: E402
 
 PYTHON = sys.executable
 RUN_FAULTS = ("kill_photon_run", "kill_registry", "kill_query_tailer", "stall_photon_run", "stall_query_tailer")
@@ -411,7 +410,7 @@ def same_product_code(a: str, b: str) -> bool:
     return subprocess.run(["git", "diff", "--quiet", a, b, "--", *PRODUCT_PATHS], cwd=REPO).returncode == 0
 
 
-def merge(paths: list[Path], head: dict) -> dict:
+def merge(paths: list[Path]) -> dict:
     """One result of several runs: allowed only when each ran on clean commits whose product code is
     the code checked out now (the seeds must not repeat), so that the result holds for this code."""
     runs = [json.loads(path.read_text()) for path in paths]
@@ -423,7 +422,7 @@ def merge(paths: list[Path], head: dict) -> dict:
     if max(seeds.values()) > 1:
         raise SystemExit(f"seeds played twice: {[s for s, n in seeds.items() if n > 1]}")
     # Each run's own plan (a run stopped by --max-minutes played fewer): beside its file, not summed.
-    return {**head, "merged_from": [{"file": path.name, "commit": run["commit"], "command": run["command"],
+    return {"merged_from": [{"file": path.name, "commit": run["commit"], "command": run["command"],
                                      "scenarios_planned": run["scenarios_planned"], "scenarios": len(run["records"])}
                                     for path, run in zip(paths, runs)],
             **summary(records, sum(run["wall_seconds"] for run in runs)), "records": records}
@@ -442,12 +441,10 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, default=0, help="start no scenario after this long (0: no limit)")
     parser.add_argument("--merge", type=Path, nargs="+", help="write these results (same product code) as one")
     args = parser.parse_args()
+    results = ResultFile("chaos", args.name, args.results_dir)
     if args.merge:
-        head = {"benchmark": "chaos", "date": date.today().isoformat(), "commit": commit(), "machine": machine(),
-                "command": " ".join(sys.argv)}
-        result = merge(args.merge, head)
-        out = args.results_dir / f"{head['date']}-{args.name}-{head['commit']}.json"
-        out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        result = merge(args.merge)
+        out = results.write(result)
         print(f"written to {out}: {result['scenarios']} scenarios {result['scenarios_by_mode']}, "
               f"{result['violations']} violation(s) {result['violating_seeds']}")
         return
@@ -460,9 +457,7 @@ def main() -> None:
     started = time.monotonic()
     server, remote = shared_spark_connect() if any(s.mode == "run" for s in plan) else (None, None)
     records: list[dict] = []
-    head = {"benchmark": "chaos", "date": date.today().isoformat(), "commit": commit(), "machine": machine(),
-            "command": " ".join(sys.argv), "scenarios_planned": len(plan)}
-    out = args.results_dir / f"{head['date']}-{args.name}-{head['commit']}.json"
+    planned = {"scenarios_planned": len(plan)}
     try:
         with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
             for s in plan:
@@ -475,16 +470,14 @@ def main() -> None:
                 print(f"seed {s.seed} {s.mode}: faults {r['faults_injected']} restarts {r['restarts']} "
                       f"{r['seconds']} s: {state}", flush=True)
                 if args.replay is None:  # after each scenario: an interrupted run keeps what it found
-                    result = {**head, **summary(records, time.monotonic() - started), "records": records}
-                    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+                    results.write({**planned, **summary(records, time.monotonic() - started), "records": records})
     finally:
         if server is not None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-    result = {**head, **summary(records, time.monotonic() - started), "records": records}
+    result = {**planned, **summary(records, time.monotonic() - started), "records": records}
     if args.replay is None:
-        out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        print(f"written to {out}")
+        print(f"written to {results.write(result)}")
     print(f"{result['scenarios']} scenarios {result['scenarios_by_mode']}, faults {result['faults_by_kind']}: "
           f"{result['violations']} violation(s) {result['violating_seeds']} in {result['wall_seconds']} s")
     sys.stdout.flush()

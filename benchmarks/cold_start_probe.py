@@ -20,13 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import commit, machine  # noqa: E402
+from benchmarks.result_file import ResultFile  # noqa: E402
 
 
 def identity(batches):
@@ -57,6 +56,7 @@ def main() -> None:
 
     port = free_port()
     remote = f"sc://127.0.0.1:{port}"
+    results = ResultFile("cold_start_probe", "cold-start-probe")
     started = time.monotonic()
     log = open(Path(tempfile.gettempdir()) / "cold-start-probe-server.log", "wb")
     server = subprocess.Popen(server_command(port), cwd=REPO, env=server_environment(), stdout=log, stderr=log,
@@ -73,12 +73,9 @@ def main() -> None:
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
-    result = {"benchmark": "cold_start_probe", "date": date.today().isoformat(), "commit": commit(),
-              "machine": machine(), "server_serving_seconds": serving, "session_seconds": session,
-              "cold_seconds": cold, "warm_seconds": warm,
+    result = {"server_serving_seconds": serving, "session_seconds": session, "cold_seconds": cold, "warm_seconds": warm,
               "cold_total_seconds": round(serving + session + sum(cold.values()), 2)}
-    out = REPO / "benchmarks" / "results" / f"{result['date']}-cold-start-probe-{result['commit']}.json"
-    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    results.write(result)
     print(json.dumps(result, indent=2))
 
 

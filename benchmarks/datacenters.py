@@ -28,11 +28,10 @@
 
     python benchmarks/datacenters.py [--parts both,failover,outage,live-outage] [--rate 1000 --outage-seconds 600]
 
-Writes benchmarks/results/<date>-datacenters.json and prints a summary.
+Writes benchmarks/results/<date>-datacenters-<commit>.json and prints a summary.
 """
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -44,7 +43,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 PHOTON = [sys.executable, "-m", "photon.cli"]
+
+from benchmarks.result_file import ResultFile  # noqa: E402
 
 
 def free_port() -> int:
@@ -318,14 +320,11 @@ def main() -> None:
     if set(parts) - set(PARTS):
         parser.error(f"--parts: one or more of {','.join(PARTS)}")
     gen = ["--queries", str(args.queries), "--seed", str(args.seed), "--datacenters", "dc1,dc2"]
+    name = "datacenters" if parts == list(PARTS) else "datacenters-" + "-".join(parts)
+    results = ResultFile("datacenters", name, args.results_dir)
     work = Path(tempfile.mkdtemp(prefix="photon-bench-dc-"))
     try:
-        result = {
-            "date": datetime.date.today().isoformat(),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                     text=True).stdout.strip(),
-            "workload": {"queries": args.queries, "seed": args.seed, "datacenters": ["dc1", "dc2"]},
-        }
+        result = {"workload": {"queries": args.queries, "seed": args.seed, "datacenters": ["dc1", "dc2"]}}
         if "both" in parts:
             result["both_at_once"] = both_at_once(work, gen)
             result["wasted_join_share"] = result["both_at_once"]["wasted_join_share"]
@@ -341,9 +340,7 @@ def main() -> None:
             result["catch_up_rate_multiple"] = result["live_outage"]["catch_up_rate_multiple"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    name = "datacenters" if parts == list(PARTS) else "datacenters-" + "-".join(parts)
-    out = args.results_dir / f"{result['date']}-{name}-{result['commit']}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = results.write(result)
     print(json.dumps(result, indent=2))
     print(f"written to {out}")
 

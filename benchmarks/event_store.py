@@ -8,11 +8,10 @@
 2. The same workload with the late writer's query logs withheld, joined, then the late logs
    written and joined again. Reported: lookups made by pending retries per click they joined.
 
-Writes benchmarks/results/<date>-event_store.json and prints a markdown table.
+Writes benchmarks/results/<date>-event_store-<commit>.json and prints a markdown table.
 """
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -25,6 +24,9 @@ from pathlib import Path
 import dagster as dg
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.result_file import ResultFile  # noqa: E402
 SPAN_SECONDS = 3600.0  # photon gen's default event-time span of the queries
 
 
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
+    results = ResultFile("event_store")
     work = Path(tempfile.mkdtemp(prefix="photon-bench-es-"))
     gen = ["--queries", str(args.queries), "--seed", str(args.seed)]
     rows = []
@@ -102,10 +105,9 @@ def main() -> None:
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {"date": datetime.date.today().isoformat(), "workload": {"queries": args.queries, "seed": args.seed},
+    result = {"workload": {"queries": args.queries, "seed": args.seed},
               "tiers": rows, "late_queries": retries}
-    out = REPO / "benchmarks" / "results" / f"{result['date']}-event_store.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = results.write(result)
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))

@@ -7,24 +7,23 @@ cores every idle process counts: the target is an idle `photon up` under 10 % of
 
     python benchmarks/idle_cpu.py [--queries 3000] [--settle-s 30] [--window-s 60]
 
-Writes benchmarks/results/<date>-idle_cpu.json and prints one line per component.
+Writes benchmarks/results/<date>-idle_cpu-<commit>.json and prints one line per component.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import commit, drained, generate, photon_up, process_tree_rss, stop_up  # noqa: E402
+from benchmarks.result_file import ResultFile  # noqa: E402
+from benchmarks.run import drained, generate, photon_up, process_tree_rss, stop_up  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -81,6 +80,7 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=60.0)
     parser.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
+    results = ResultFile("idle_cpu", results_dir=args.results_dir)
     with tempfile.TemporaryDirectory() as work:
         data_dir = Path(work) / "data"
         truth = generate(data_dir, "--queries", str(args.queries), "--seed", "42", "--datacenters", "dc1")
@@ -96,12 +96,10 @@ def main() -> None:
         finally:
             stop_up(up)
     total = round(sum(row["core_share"] for row in components.values()), 4)
-    result = {"date": date.today().isoformat(), "commit": commit(), "cores": os.cpu_count(),
-              "workload": {"queries": args.queries}, "settle_seconds": args.settle_s, "window_seconds": args.window_s,
+    result = {"workload": {"queries": args.queries}, "settle_seconds": args.settle_s, "window_seconds": args.window_s,
               "idle_core_share": total,
               "components": dict(sorted(components.items(), key=lambda kv: -kv[1]["core_share"]))}
-    out = args.results_dir / f"{result['date']}-idle_cpu.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = results.write(result)
     for name, row in result["components"].items():
         print(f"{name:32s} {row['processes']:3d} process(es) {100 * row['core_share']:6.1f} % of a core")
     print(f"idle photon up: {100 * total:.1f} % of a core; written to {out}")

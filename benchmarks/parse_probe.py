@@ -11,12 +11,10 @@ On the same query logs (`photon gen --queries N`), warm, in one local[2] session
    (`from_json` reads `"ad_id": 5` as "5"), the id form, and the extra fields written back as JSON.
    Offsets, the size limit and invalid UTF-8 are left out, so this is a lower bound of that path.
 
-Writes benchmarks/results/<date>-parse_probe.json and prints one line per path.
+Writes benchmarks/results/<date>-parse_probe-<commit>.json and prints one line per path.
 """
 
 import argparse
-import datetime
-import json
 import statistics
 import subprocess
 import sys
@@ -29,7 +27,7 @@ from pyspark.sql import types as T
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import commit  # noqa: E402
+from benchmarks.result_file import ResultFile  # noqa: E402
 from resources.spark import delta_session  # noqa: E402
 from spark_ops.events import QUERY_REQUIRED  # noqa: E402
 from spark_ops.ingest import line_stats, stage_lines  # noqa: E402
@@ -85,6 +83,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
+    results = ResultFile("parse_probe")
     data = args.work_dir / "parse_probe"
     if not (data / "gen_summary.json").exists():
         subprocess.run([sys.executable, "-m", "photon.cli", "gen", "--data-dir", str(data), "--queries",
@@ -105,10 +104,8 @@ def main() -> None:
         paths[name] = {"seconds": seconds, "median_seconds": median, "lines": lines,
                        "megabytes_per_second": round(megabytes / median, 1)}
         print(f"{name}: {median:.2f} s, {megabytes / median:.1f} MB/s ({lines} lines)", flush=True)
-    result = {"date": datetime.date.today().isoformat(), "commit": commit(), "cores": 2,
-              "workload": {"queries": args.queries, "megabytes": round(megabytes, 1)}, "paths": paths}
-    out = REPO / "benchmarks" / "results" / f"{result['date']}-parse_probe.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    result = {"workload": {"queries": args.queries, "megabytes": round(megabytes, 1)}, "paths": paths}
+    out = results.write(result)
     print(f"written to {out}")
 
 

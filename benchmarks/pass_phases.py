@@ -6,11 +6,10 @@ while `photon run --until-idle --min-seconds` tails the logs. For each kind of r
 click join, aggregates refresh): runs, median seconds by phase (the join's own steps under
 `join_*`), Spark jobs and Delta commits, and rows per run.
 
-Writes benchmarks/results/<date>-pass_phases.json and prints one line per kind of run.
+Writes benchmarks/results/<date>-pass_phases-<commit>.json and prints one line per kind of run.
 """
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ import dagster as dg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import commit  # noqa: E402
+from benchmarks.result_file import ResultFile  # noqa: E402
 
 KINDS = {"query": "query_logs", "click": "joined_clicks", "aggregates": "click_aggregates"}
 COUNTS = ("spark_jobs", "delta_commits", "queries_added", "clicks_looked_up", "clicks_joined")
@@ -57,6 +56,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--duration-s", type=float, default=150.0)
     args = parser.parse_args()
+    results = ResultFile("pass_phases")
     data = args.work_dir / "pass_phases"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
@@ -73,13 +73,11 @@ def main() -> None:
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     os.environ.pop("DAGSTER_HOME", None)
     result = {
-        "date": datetime.date.today().isoformat(), "commit": commit(), "cores": 2,
         "workload": {"clicks_per_second": args.rate, "queries_per_second": args.rate * 10, "duration_s": args.duration_s},
         "verified": all(summary["verification"].values()), "wall_seconds": summary["wall_seconds"],
         "medians": medians(data),
     }
-    out = REPO / "benchmarks" / "results" / f"{result['date']}-pass_phases.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = results.write(result)
     for kind, row in result["medians"].items():
         print(kind, json.dumps(row))
     print(f"written to {out}")

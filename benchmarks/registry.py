@@ -5,7 +5,7 @@ For 1 and 4 shards, starts `photon registry serve` on a fresh directory and driv
 Each cell does a fixed amount of work (capped at CELL_SECONDS); per cell it reports commit
 requests/s, ids/s, p50/p99 request latency, and from the server's counters the DuckDB transactions
 executed with their mean ids and requests (shard requests) per transaction. Writes
-benchmarks/results/<date>-registry.json and prints a Markdown table.
+benchmarks/results/<date>-registry-<commit>.json and prints a Markdown table.
 
     .venv/bin/python benchmarks/registry.py
 """
@@ -19,12 +19,12 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-RESULTS = REPO / "benchmarks" / "results"
+
+from benchmarks.result_file import ResultFile  # noqa: E402
 
 SHARDS = (1, 4)
 CLIENTS = (1, 4, 16)
@@ -118,6 +118,7 @@ def main() -> None:
     import resources.registry.service  # noqa: F401  (imported once here, inherited by the forked clients)
 
     # Forked before this process opens any gRPC channel (it never does: workers talk to the server).
+    results = ResultFile("registry")
     pool = multiprocessing.get_context("fork").Pool(max(CLIENTS))
     cells = []
     try:
@@ -135,10 +136,7 @@ def main() -> None:
                     process.wait(timeout=30)
     finally:
         pool.terminate()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{date.today().isoformat()}-registry.json"
-    out.write_text(json.dumps({"cpus": os.cpu_count(), "cell_seconds_cap": CELL_SECONDS,
-                               "requests_per_cell": BATCHES, "cells": cells}, indent=2) + "\n")
+    out = results.write({"cell_seconds_cap": CELL_SECONDS, "requests_per_cell": BATCHES, "cells": cells})
     print("| shards | clients | ids/request | requests | req/s | ids/s | p50 ms | p99 ms | transactions | ids/txn | requests/txn |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in cells:

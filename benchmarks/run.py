@@ -15,7 +15,7 @@ all its descendants (Python, the JVM, the registry server) every 0.2 s for the p
 `flink` (Apache Flink's interval join, `peers.py flink` / `flink-live`) can be added to the
 `--systems` of backlog, scaling and live (`--flink-watermark-seconds`, `--flink-checkpoint-seconds`).
 
-Each writes `benchmarks/results/<date>-<workload>.json` (`--results-dir`) and a PNG chart next to
+Each writes `benchmarks/results/<date>-<workload>-<commit>.json` (`--results-dir`) and a PNG chart next to
 it, and prints a Markdown table. `--work-dir` keeps the data directories (default: a temporary directory, removed).
 
 Workloads:
@@ -58,13 +58,12 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the project's packages and benchmarks.peers
-RESULTS = REPO / "benchmarks" / "results"
 from benchmarks.latency_stages import LogSampler, click_run_cost, latency_stages  # noqa: E402
+from benchmarks.result_file import RESULTS, ResultFile  # noqa: E402
 from benchmarks.peers import DEFAULT_BOUND  # noqa: E402 (the streaming peers' default bound: 300 seconds)
 PYTHON = sys.executable
 MB = 1_000_000
@@ -957,28 +956,6 @@ def live_chart(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(name: str, result: dict, args) -> Path:
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"{date.today().isoformat()}-{name}.json"
-    result = {"benchmark": name, "date": date.today().isoformat(), "commit": commit(), "machine": machine(),
-              "command": " ".join(sys.argv), **result}
-    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    return path
-
-
-def commit() -> str:
-    """The commit measured, marked `-dirty` when the working tree differs from it."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           capture_output=True, text=True).stdout.strip()
-    return head + ("-dirty" if dirty else "")
-
-
-def machine() -> dict:
-    return {"cpus": os.cpu_count(), "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            "python": sys.version.split()[0]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", type=Path, help="keep data and logs here (default: temporary, removed)")
@@ -1038,40 +1015,42 @@ def main() -> None:
     if getattr(args, "keep_data", False) and args.work_dir is None:
         parser.error("--keep-data needs --work-dir (a temporary work directory is removed)")
 
+    # The head of every result this run writes, taken now: the commit measured is the one checked out at the start.
+    results = ResultFile(args.workload, results_dir=args.results_dir)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="photon-bench-"))
     try:
         if args.workload == "backlog":
             result = backlog(args, work)
-            path = write("backlog", result, args)
+            path = results.renamed("backlog").write(result)
             backlog_chart(result, path.with_suffix(".png"), backlog_title(result))
             print(backlog_table(result))
         elif args.workload == "scaling":
             result = scaling(args, work)
-            path = write("scaling", result, args)
+            path = results.renamed("scaling").write(result)
             scaling_chart(result, path.with_suffix(".png"))
             largest = result["points"][-1]
             if largest["workload"]["query_events"] >= BACKLOG_MIN_QUERIES:
                 # The largest point is the backlog workload itself (same generator options).
                 backlog_result = {"workload": {**largest["workload"], "input_bytes": largest["input_bytes"]},
                                   "systems": largest["systems"], "targets": targets(largest["systems"])}
-                backlog_path = write("backlog", backlog_result, args)
+                backlog_path = results.renamed("backlog").write(backlog_result)
                 backlog_chart(backlog_result, backlog_path.with_suffix(".png"), backlog_title(backlog_result))
             for point in result["points"]:
                 print(f"\n{point['factor']}x ({point['input_bytes'] / MB:.0f} MB)\n" + backlog_table(point))
             print(json.dumps(result["growth"]))
         elif args.workload == "live":
             result = live(args, work)
-            path = write(args.name, result, args)
+            path = results.renamed(args.name).write(result)
             live_chart(result, path.with_suffix(".png"))
             print(json.dumps({system: {k: v for k, v in run.items() if k not in ("backlog_bytes", "latency_histogram")}
                               for system, run in result["systems"].items()}, indent=2))
         elif args.workload == "peer-tuning":
             result = peer_tuning(args, work)
-            path = write(args.name, result, args)
+            path = results.renamed(args.name).write(result)
             print(peer_tuning_table(result))
         else:
             result = batch_cost(args, work)
-            path = write("batch_cost", result, args)
+            path = results.renamed("batch_cost").write(result)
             print(json.dumps(result, indent=2))
     finally:
         if args.work_dir is None:

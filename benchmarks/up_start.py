@@ -20,13 +20,14 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import date, datetime
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import commit, drained, generate, joined_rows, machine, photon_up, stop_up  # noqa: E402
+from benchmarks.result_file import ResultFile  # noqa: E402
+from benchmarks.run import drained, generate, joined_rows, photon_up, stop_up  # noqa: E402
 
 POLL_SECONDS = 0.2
 TIMEOUT_SECONDS = 900
@@ -100,17 +101,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
+    results = ResultFile("up_start", "up-start", args.results_dir)
     starts = []
     for n in range(args.repeat):
         with tempfile.TemporaryDirectory() as work:
             starts.append(one_start(args.queries, args.seed + n, Path(work)))
             print(json.dumps(starts[-1]["seconds_from_start"]), flush=True)
     first = [s["seconds_from_start"]["first_joined_click"] for s in starts]
-    result = {"benchmark": "up_start", "date": date.today().isoformat(), "commit": commit(), "machine": machine(),
-              "command": " ".join(sys.argv), "workload": {"queries": args.queries, "datacenters": 1},
+    result = {"workload": {"queries": args.queries, "datacenters": 1},
               "first_joined_click_seconds_median": statistics.median(first), "target_seconds": 30, "starts": starts}
-    out = args.results_dir / f"{result['date']}-up-start-{result['commit']}.json"
-    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    out = results.write(result)
     print(f"photon up to the first joined click: median {result['first_joined_click_seconds_median']} s over "
           f"{len(starts)} start(s); written to {out}")
 

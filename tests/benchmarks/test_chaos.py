@@ -38,16 +38,16 @@ def test_runs_merge_only_on_the_product_code_checked_out_and_without_a_seed_twic
         return path
 
     head = git("rev-parse", "--short", "HEAD")
-    merged = merge([result("a.json", head, [1, 2]), result("b.json", head, [3])], {"benchmark": "chaos"})
+    merged = merge([result("a.json", head, [1, 2]), result("b.json", head, [3])])
     assert merged["scenarios"] == 3 and merged["faults_by_kind"] == {"kill_registry": 3}
     assert merged["wall_seconds"] == 20.0 and [m["file"] for m in merged["merged_from"]] == ["a.json", "b.json"]
     with pytest.raises(SystemExit, match="seeds played twice"):
-        merge([result("a.json", head, [1, 2]), result("c.json", head, [2])], {})
+        merge([result("a.json", head, [1, 2]), result("c.json", head, [2])])
     first = git("rev-list", "--max-parents=0", "HEAD").split()[0][:7]  # the project's first commit: other code
     with pytest.raises(SystemExit, match="not the product code"):
-        merge([result("a.json", head, [1]), result("d.json", first, [4])], {})
+        merge([result("a.json", head, [1]), result("d.json", first, [4])])
     with pytest.raises(SystemExit, match="not the product code"):
-        merge([result("e.json", head + "-dirty", [5])], {})
+        merge([result("e.json", head + "-dirty", [5])])
 
 
 @pytest.mark.benchmarks

@@ -1,0 +1,53 @@
+"""A benchmark's result file: one head saying what ran where, and one name for every script.
+
+The head is taken when the benchmark starts: the commit measured is the one checked out then
+(marked `-dirty` when the tracked files differ from it), not whatever is checked out when a long
+run ends. The file is `<results dir>/<date>-<name>-<commit>.json`; a long run may write it more
+than once (chaos.py after each scenario), the head unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def commit() -> str:
+    """The commit checked out, marked `-dirty` when the tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("-dirty" if dirty else "")
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "python": sys.version.split()[0]}
+
+
+class ResultFile:
+    """Where a benchmark writes its result, and the head every result starts with."""
+
+    def __init__(self, benchmark: str, name: str | None = None, results_dir: Path = RESULTS):
+        self.head = {"benchmark": benchmark, "date": date.today().isoformat(), "commit": commit(),
+                     "machine": machine(), "command": " ".join(sys.argv)}
+        self.path = Path(results_dir) / f"{self.head['date']}-{name or benchmark}-{self.head['commit']}.json"
+
+    def renamed(self, benchmark: str) -> "ResultFile":
+        """The same head (commit, start date, command) for another result of the same run."""
+        other = ResultFile.__new__(ResultFile)
+        other.head = {**self.head, "benchmark": benchmark}
+        other.path = self.path.with_name(f"{self.head['date']}-{benchmark}-{self.head['commit']}.json")
+        return other
+
+    def write(self, body: dict) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({**self.head, **body}, indent=2, sort_keys=True) + "\n")
+        return self.path
