@@ -86,14 +86,20 @@ run_coordinator:
   config:
     # A queued run waits for the next dequeue: every second, not the default 5 s (a run's latency).
     dequeue_interval_seconds: 1
-    max_concurrent_runs: 2
+    # Two slots for the work units (a query run and a click run side by side) and one for the work
+    # kept off the click path: by priority alone, work units under load took both slots and a check,
+    # refresh or maintenance run waited until the queue held no work unit at all.
+    max_concurrent_runs: 3
     tag_concurrency_limits:
+      # Every work unit's run has this tag (its value the unit's id): two at a time, whatever the id.
+      - key: photon/work_unit
+        limit: 2
       # The embedded registry is a DuckDB file that one process at a time may hold.
       - key: photon/uses_registry
         value: "true"
         limit: 1
-      # Work kept off the click path (aggregates refresh, table maintenance; photon_assets/jobs.py)
-      # and the freshness check's runs take one slot at most: the other is the work units'.
+      # Work kept off the click path (aggregates refresh, table maintenance, table checks;
+      # photon_assets/jobs.py) and the freshness check's runs take one slot at most: the third.
       - key: photon/off_click_path
         value: "true"
         limit: 1

@@ -25,7 +25,9 @@ VERIFY_JOB = "verify"
 # registry service (`photon up`, PHOTON_REGISTRY_ADDRESS) no run opens the file: no tag, no limit.
 REGISTRY_TAGS = {"photon/uses_registry": "true"} if registry_mode_from_env() == "embedded" else {}
 # The work units' runs are the latency path: under the daemon's queue they go before the runs kept
-# off it (aggregates, maintenance, checks), which dagster.yaml also limits to one at a time.
+# off it (aggregates, maintenance, checks), and dagster.yaml (photon/runner.py) gives them two of its
+# three run slots (by their `photon/work_unit` tag), the runs off the click path the third: neither
+# kind waits for the other's slot.
 WORK_UNIT_TAGS = {**REGISTRY_TAGS, "dagster/priority": "1"}
 OFF_CLICK_PATH_TAGS = {"photon/off_click_path": "true"}
 

@@ -136,9 +136,8 @@ def overlapping(instance: dg.DagsterInstance, job: str, other: str) -> int:
 
 def checked_beside_a_click_run(url: str, instance: dg.DagsterInstance) -> bool:
     """Whether a check_tables run has run while a click run did; if not, launches one (over the UI's
-    API) when a click run is the only run under way and nothing waits in the queue. The daemon's
-    queue gives work units the run slots first, so the table checker's own runs may never find one
-    beside a click run (one test run saw its four runs all between click runs)."""
+    API) when a click run is the only run under way and nothing waits in the queue: the table
+    checker's own runs come on its cadence, and may all fall between click runs."""
     if overlapping(instance, CHECK_TABLES_JOB, JOIN_CLICKS_JOB) >= 1:
         return True
     under_way = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
