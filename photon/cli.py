@@ -240,7 +240,7 @@ def command_up(args) -> int:
 
 def command_check(args) -> int:
     from photon.check import ensure_checkable, report, run_checks
-    from photon.runner import RunnerError
+    from photon.runner import DeploymentRunning, RunnerError
 
     layout = DataLayout(args.data_dir.resolve())
     ensure_checkable(layout)
@@ -248,6 +248,11 @@ def command_check(args) -> int:
     log = console_log(args.verbose, ("photon", "dagster", "py4j", "alembic"))
     try:
         checks, run_id = run_checks(layout, datacenters, log, run_log_level="DEBUG" if args.verbose else "CRITICAL")
+    except DeploymentRunning as error:
+        # A check would need the deployment's locks and registry; the deployment checks itself.
+        print(f"photon: error: {error}: it runs these checks itself (the check_tables job, every "
+              "table_checks_every_seconds and when idle; see its UI), or stop it to run photon check", file=sys.stderr)
+        return 1
     except RunnerError as error:
         print(f"photon: error: {error}", file=sys.stderr)
         return 1

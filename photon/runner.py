@@ -122,6 +122,28 @@ class RunnerError(RuntimeError):
     """A condition that stops `photon run` with a one-line message."""
 
 
+class DeploymentRunning(RunnerError):
+    """A datacenter is `photon up`'s: its deployment owns the runs (and runs the checks itself)."""
+
+
+def up_lock(layout: DataLayout) -> Path:
+    """`photon up`'s lock: held while it runs, and holding its pid."""
+    return layout.root / "state" / "locks" / "up.lock"
+
+
+def running_up(layout: DataLayout) -> str | None:
+    """The pid of the `photon up` running on this data directory, if one is."""
+    try:
+        with open(up_lock(layout)) as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return lock.read().strip() or "?"
+    except FileNotFoundError:
+        pass
+    return None
+
+
 @contextmanager
 def exclusive(layout: DataLayout, datacenters: list[str]):
     """One `photon run` per datacenter of a data directory: it owns every unfinished run of its
@@ -134,6 +156,9 @@ def exclusive(layout: DataLayout, datacenters: list[str]):
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                up = running_up(layout)
+                if up is not None:
+                    raise DeploymentRunning(f"photon up (pid {up}) is running datacenter {dc} of {layout.root}") from None
                 raise RunnerError(f"another photon run is running datacenter {dc} of {layout.root}") from None
         yield
 

@@ -46,7 +46,7 @@ import dagster as dg
 
 from photon.runner import (
     RunnerError, die_with_parent, exclusive, fail_orphaned_runs, headless_instance, prepare_environment,
-    datacenter_leases, query_tailers, registry_log, registry_service, run_server_socket, stop_if_exited,
+    datacenter_leases, query_tailers, registry_log, registry_service, run_server_socket, stop_if_exited, up_lock,
 )
 from photon.run_processes import kill_run_process, process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC, UNFINISHED
@@ -77,7 +77,7 @@ def up_dir(layout: DataLayout) -> Path:
 
 @contextmanager
 def only_one_up(layout: DataLayout):
-    lock_path = layout.root / "state" / "locks" / "up.lock"
+    lock_path = up_lock(layout)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+") as lock:
         try:

@@ -80,6 +80,22 @@ def test_refused_while_a_photon_run_owns_the_datacenter(workload):
         f"photon: error: another photon run is running datacenter dc1 of {workload}"]
 
 
+def test_refused_while_photon_up_owns_the_datacenter_and_says_where_its_checks_run(workload):
+    """As `photon up` holds them: its lock with its pid, and the datacenter's."""
+    locks = workload / "state" / "locks"
+    with open(locks / "up.lock", "a+") as up, open(locks / "dc1.lock", "a") as dc:
+        fcntl.flock(up, fcntl.LOCK_EX)
+        up.truncate(0)
+        up.write("4242")
+        up.flush()
+        fcntl.flock(dc, fcntl.LOCK_EX)
+        result = check(workload, timeout=300)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"photon: error: photon up (pid 4242) is running datacenter dc1 of {workload}: "
+                           "it runs these checks itself (the check_tables job"), line
+
+
 @pytest.mark.parametrize("layout", ["missing", "empty"])
 def test_nothing_to_check_is_one_line(tmp_path, layout):
     data_dir = tmp_path / "nonexistent" if layout == "missing" else tmp_path
