@@ -98,14 +98,14 @@ class QueryTailer:
         self.part, self.offsets, self.writers = state["part"], dict(state["offsets"]), dict(state["writers"])
 
     def poll(self) -> Poll:
-        """Reads and puts what was appended since the last poll (up to PUT_BYTES a put); returns
-        what it did."""
+        """Reads and puts what was appended up to this poll (up to PUT_BYTES a put); returns what it
+        did. The logs are listed once a poll (the listing's cost grows with the files: lines
+        appended during the puts wait for the next poll)."""
         started = time.monotonic()
         done = Poll()
-        while True:
-            ranges = self._next_ranges()
-            if not ranges:
-                break
+        pending = new_ranges(self.stream_dir, self.offsets)
+        while pending:
+            ranges, pending = self._within_budget(pending)
             done.bytes_read += sum(end - start for _, start, end in ranges)
             done.lines_put += self._put(ranges)
             self._mirror()  # after each put: a backlog's pacing follows it put by put
@@ -114,16 +114,20 @@ class QueryTailer:
         done.seconds = time.monotonic() - started
         return done
 
-    def _next_ranges(self) -> list[tuple[str, int, int]]:
+    def _within_budget(self, pending: list[tuple[str, int, int]]) -> tuple[list, list]:
+        """The first PUT_BYTES of `pending` ranges, and the rest."""
         ranges, budget = [], PUT_BYTES
-        for file, start, end in new_ranges(self.stream_dir, self.offsets):
+        for i, (file, start, end) in enumerate(pending):
             if budget <= 0:
-                break
+                return ranges, pending[i:]
             # A range cut within the budget ends at a line's end: the parse of its last chunk reads
-            # the line that starts before the cut whole, and the next range starts after it.
-            ranges.append((file, start, end if end - start <= budget else self._line_end(file, start + budget, end)))
-            budget -= ranges[-1][2] - start
-        return ranges
+            # the line that starts before the cut whole, and the rest of the range goes next.
+            cut = end if end - start <= budget else self._line_end(file, start + budget, end)
+            ranges.append((file, start, cut))
+            budget -= cut - start
+            if cut < end:
+                return ranges, [(file, cut, end), *pending[i + 1:]]
+        return ranges, []
 
     def _line_end(self, file: str, at: int, end: int) -> int:
         with open(self.stream_dir / file, "rb") as f:

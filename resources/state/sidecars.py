@@ -13,7 +13,7 @@ import fcntl
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from resources.state.watermark import estimate
@@ -65,8 +65,10 @@ class Document:
         return load_document(cls, path)
 
     def save(self, path: Path) -> None:
+        # The fields as they are (JSON types, no nested dataclass): `asdict` deep-copies each one, a
+        # tenth of the query tailer's CPU for its mirror's offsets of thousands of files.
         with locked(path):
-            write_document(path, asdict(self))
+            write_document(path, {f.name: getattr(self, f.name) for f in fields(self)})
 
 @dataclass
 class EventTimeWatermark(Document):

@@ -1,4 +1,6 @@
-from resources.state.work_unit_log import WorkUnit, WorkUnitLog, complete_end, cut_work_units, new_ranges
+import os
+
+from resources.state.work_unit_log import WorkUnit, WorkUnitLog, complete_end, cut_work_units, log_files, new_ranges
 
 
 def test_torn_last_line_is_left_for_later(tmp_path):
@@ -39,3 +41,29 @@ def test_log_survives_a_torn_append(tmp_path):
         assert reloaded.next_offsets() == {"a.jsonl": 10}
         reloaded.append([WorkUnit("u.1", 1, (("a.jsonl", 10, 20),))])
     assert [u.id for u in WorkUnitLog.load(log.path).units] == ["u.0", "u.1"]
+
+
+def test_the_logs_are_listed_as_rglob_lists_them_oldest_first(tmp_path):
+    """Nested writer directories, files of other kinds, a symlinked directory (not entered, as
+    Path.rglob does not), a symlinked file (listed), a dangling symlink (left out)."""
+    stream = tmp_path / "stream"
+    for i, name in enumerate(["w2/00001.jsonl", "w1/00000.jsonl", "w1/deep/00000.jsonl", "w2/00000.jsonl",
+                              "w1/notes.txt", ".hidden/00000.jsonl"]):
+        path = stream / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"{}\n" * (i + 1))
+        os.utime(path, ns=(10**18 + i, 10**18 + i))  # written in this order
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.jsonl").write_bytes(b"{}\n")
+    (stream / "linked_dir").symlink_to(tmp_path / "elsewhere")
+    (stream / "linked.jsonl").symlink_to(stream / "w2" / "00000.jsonl")
+    (stream / "dangling.jsonl").symlink_to(tmp_path / "gone.jsonl")
+
+    listed = [(rel, size) for _, rel, _, size in log_files(stream)]
+    by_rglob = sorted((p.stat().st_mtime_ns, str(p.relative_to(stream)), p.stat().st_size)
+                      for p in stream.rglob("*.jsonl") if p.exists())
+    assert listed == [(rel, size) for _, rel, size in by_rglob]
+    # By time (a symlink has its target's), then name.
+    assert [rel for rel, _ in listed] == ["w2/00001.jsonl", "w1/00000.jsonl", "w1/deep/00000.jsonl", "linked.jsonl",
+                                          "w2/00000.jsonl", ".hidden/00000.jsonl"]
+    assert log_files(tmp_path / "missing") == []
