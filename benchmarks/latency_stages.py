@@ -41,14 +41,11 @@ class LogSampler:
         self._thread.join()
 
     def _run(self) -> None:
+        from resources.state.work_unit_log import log_files  # the pipeline's own listing: the cheapest here
+
         while not self._stop.is_set():
             now = time.time()
-            for path in self.click_dir.rglob("*.jsonl") if self.click_dir.is_dir() else []:
-                rel = str(path.relative_to(self.click_dir))
-                try:
-                    size = path.stat().st_size
-                except OSError:
-                    continue
+            for _, rel, _, size in log_files(self.click_dir):
                 seen = self.samples.setdefault(rel, [])
                 if not seen or seen[-1][1] != size:
                     seen.append((now, size))

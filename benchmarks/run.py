@@ -498,11 +498,11 @@ def undispatched_bytes(data_dir: Path, dc: str = "dc1") -> dict[str, int]:
     """Per stream: bytes on disk that the dispatcher has not yet cut into a work unit."""
     from benchmarks.peers import stream_dir
     from resources.state.layout import DataLayout
-    from resources.state.work_unit_log import WorkUnitLog
+    from resources.state.work_unit_log import WorkUnitLog, log_files
 
     out = {}
     for stream in ("query", "click"):
-        on_disk = sum(p.stat().st_size for p in stream_dir(data_dir, dc, stream).rglob("*.jsonl"))
+        on_disk = sum(size for _, _, _, size in log_files(stream_dir(data_dir, dc, stream)))
         unit_log = DataLayout(data_dir).work_unit_log(dc, stream)
         dispatched = sum(u.bytes for u in WorkUnitLog.load(unit_log).units) if unit_log.exists() else 0
         out[stream] = on_disk - dispatched
