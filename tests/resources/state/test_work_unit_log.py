@@ -1,6 +1,8 @@
 import os
 
-from resources.state.work_unit_log import WorkUnit, WorkUnitLog, complete_end, cut_work_units, log_files, new_ranges
+from resources.state.work_unit_log import (
+    FULL_LISTING_SECONDS, WorkUnit, WorkUnitLog, complete_end, cut_work_units, log_files, new_ranges,
+)
 
 
 def test_torn_last_line_is_left_for_later(tmp_path):
@@ -67,3 +69,21 @@ def test_the_logs_are_listed_as_rglob_lists_them_oldest_first(tmp_path):
     assert [rel for rel, _ in listed] == ["w2/00001.jsonl", "w1/00000.jsonl", "w1/deep/00000.jsonl", "linked.jsonl",
                                           "w2/00000.jsonl", ".hidden/00000.jsonl"]
     assert log_files(tmp_path / "missing") == []
+
+
+def test_a_quiet_file_is_stated_again_at_the_next_full_listing_and_a_new_file_at_once(tmp_path):
+    old = tmp_path / "w1" / "00000.jsonl"
+    old.parent.mkdir()
+    old.write_bytes(b"{}\n")
+    os.utime(old, (1_000, 1_000))  # quiet: written long ago
+    now = 2_000.0
+    assert [(rel, size) for _, rel, _, size in log_files(tmp_path, now)] == [("w1/00000.jsonl", 3)]
+    with open(old, "ab") as f:
+        f.write(b"{}\n")
+    (tmp_path / "w1" / "00001.jsonl").write_bytes(b"{}\n")
+    # Between full listings: the quiet file as last seen, the new one at once.
+    listed = {rel: size for _, rel, _, size in log_files(tmp_path, now + FULL_LISTING_SECONDS / 2)}
+    assert listed == {"w1/00000.jsonl": 3, "w1/00001.jsonl": 3}
+    # The next full listing sees the appended line: late, never lost.
+    listed = {rel: size for _, rel, _, size in log_files(tmp_path, now + FULL_LISTING_SECONDS)}
+    assert listed == {"w1/00000.jsonl": 6, "w1/00001.jsonl": 3}
