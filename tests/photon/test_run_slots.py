@@ -5,7 +5,6 @@ the one its queued run coordinator applies, over runs tagged as the dispatchers 
 import yaml
 from dagster._utils.tags import TagConcurrencyLimitsCounter  # what QueuedRunCoordinatorDaemon applies
 
-import definitions  # noqa: F401  (the code location: its jobs' tags)
 from photon.runner import DAGSTER_YAML
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS, REGISTRY_TAGS, STREAM_JOBS, WORK_UNIT_TAGS
 from sensors.dispatcher import work_unit_request
