@@ -73,7 +73,7 @@ def start_run(data_dir: Path, dc: str, address: str, *extra: str) -> tuple[subpr
 def finish(process: subprocess.Popen, started: float) -> dict:
     out, err = process.communicate()
     if process.returncode != 0:
-        raise SystemExit(f"photon run failed: {err.strip()[-800:]}")
+        raise SystemExit(f"photon run failed: {err.strip()[-4000:]}")
     summary = json.loads(out.strip().splitlines()[-1])
     summary["process_seconds"] = round(time.monotonic() - started, 2)
     return summary
@@ -269,7 +269,7 @@ def live_outage(work: Path, seed: int, rate: float, before: float, outage: float
         dc2, _ = start_run(data, "dc2", registry.address, "--min-seconds", str(total))
         time.sleep(max(0.0, before - (time.monotonic() - started)))
         if dc2.poll() is not None:
-            raise SystemExit(f"dc2 ended before its outage: {dc2.stderr.read()[-800:]}")
+            raise SystemExit(f"dc2 ended before its outage: {dc2.stderr.read()[-4000:]}")
         dc2.kill()
         dc2.communicate()
         down = click_sizes(data, "dc2")
@@ -280,7 +280,7 @@ def live_outage(work: Path, seed: int, rate: float, before: float, outage: float
                                    str(max(0.0, total - (time.monotonic() - started))))
         while not caught_up(data, "dc2", back, registry.address):
             if dc2.poll() is not None:
-                raise SystemExit(f"dc2 ended before it caught up: {dc2.stderr.read()[-800:]}")
+                raise SystemExit(f"dc2 ended before it caught up: {dc2.stderr.read()[-4000:]}")
             time.sleep(0.5)
         catch_up_seconds = time.monotonic() - restarted
         if gen.wait() != 0:
@@ -315,6 +315,7 @@ def main() -> None:
     parser.add_argument("--outage-after", type=float, default=120, help="live-outage: seconds before dc2 goes down")
     parser.add_argument("--outage-seconds", type=float, default=600, help="live-outage: how long dc2 is down")
     parser.add_argument("--after-seconds", type=float, default=300, help="live-outage: live logs after dc2 is back")
+    parser.add_argument("--work-dir", type=Path, help="keep the data directories and logs here (default: temporary, removed)")
     args = parser.parse_args()
     parts = args.parts.split(",")
     if set(parts) - set(PARTS):
@@ -322,7 +323,8 @@ def main() -> None:
     gen = ["--queries", str(args.queries), "--seed", str(args.seed), "--datacenters", "dc1,dc2"]
     name = "datacenters" if parts == list(PARTS) else "datacenters-" + "-".join(parts)
     results = ResultFile("datacenters", name, args.results_dir)
-    work = Path(tempfile.mkdtemp(prefix="photon-bench-dc-"))
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="photon-bench-dc-"))
+    work.mkdir(parents=True, exist_ok=True)
     try:
         result = {"workload": {"queries": args.queries, "seed": args.seed, "datacenters": ["dc1", "dc2"]}}
         if "both" in parts:
@@ -339,7 +341,8 @@ def main() -> None:
                                                 args.after_seconds)
             result["catch_up_rate_multiple"] = result["live_outage"]["catch_up_rate_multiple"]
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
     out = results.write(result)
     print(json.dumps(result, indent=2))
     print(f"written to {out}")
