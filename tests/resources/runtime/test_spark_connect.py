@@ -1,26 +1,36 @@
 """The project's Spark Connect server (resources/runtime/spark_connect.py): its sessions, one per run
 under `photon up`, share one pool of Python workers, so a run after another finds them warm."""
 
-import os
-from typing import Iterator
+import json
+import subprocess
+import sys
 
+# A client in a process of its own, as each run under `photon up` is: a Connect session made in the
+# test's process would turn pyspark there to Connect mode, and break the classic session of the tests
+# that share it.
+CLIENT = """
+import json, os, sys
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+def worker_pid(batches):
+    for _ in batches:
+        pass
+    yield pa.record_batch([pa.array([os.getpid()], pa.int64())], names=["pid"])
 
-def pids_of_a_new_session(remote: str) -> set[int]:
-    def worker_pid(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        # Nested: pickled by value (the workers cannot import this test module).
-        for _ in batches:
-            pass
-        yield pa.record_batch([pa.array([os.getpid()], pa.int64())], names=["pid"])
+session = SparkSession.builder.remote(sys.argv[1]).create()  # a session of its own, as each run's
+try:
+    rows = session.range(0, 4, numPartitions=1).mapInArrow(worker_pid, "pid long").collect()
+    print(json.dumps(sorted({row.pid for row in rows})))
+finally:
+    session.stop()
+"""
 
-    session = SparkSession.builder.remote(remote).create()  # a session of its own, as each run's
-    try:
-        rows = session.range(0, 4, numPartitions=1).mapInArrow(worker_pid, "pid long").collect()
-        return {row.pid for row in rows}
-    finally:
-        session.stop()
+
+def pids_of_a_new_session(remote: str) -> list[int]:
+    done = subprocess.run([sys.executable, "-c", CLIENT, remote], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_sessions_share_their_python_workers(spark_connect_server):
