@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.result_file import ResultFile  # noqa: E402
+from resources.runtime.spark_connect import SERVER_MARKER  # noqa: E402
 
 PYTHON = sys.executable
 RUN_FAULTS = ("kill_photon_run", "kill_registry", "kill_query_tailer", "stall_photon_run", "stall_query_tailer")
@@ -57,7 +58,7 @@ UP_FAULTS = ("kill_run_process", "kill_daemon", "kill_webserver", "kill_spark_co
 # What each fault's process is, by its command line (the scenario's own: its data directory, or a
 # component's marker under its photon up).
 MARKERS = {"registry": "registry serve", "query_tailer": "event-store tail", "daemon": "dagster-daemon",
-           "webserver": "dagster-webserver", "spark_connect": "photon-connect"}  # resources/runtime/spark_connect.py: SERVER_MARKER
+           "webserver": "dagster-webserver", "spark_connect": SERVER_MARKER}
 IDLE_TIMEOUT_SECONDS = 600
 MAX_RESTARTS = 6
 

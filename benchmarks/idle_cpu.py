@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.result_file import ResultFile  # noqa: E402
+from resources.runtime.spark_connect import SERVER_MARKER  # noqa: E402
 from benchmarks.run import drained, generate, photon_up, process_tree_rss, stop_up  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -34,7 +35,7 @@ def component(pid: int, root: int) -> str:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
     except OSError:
         return "gone"
-    for marker, name in (("photon-connect", "spark connect server (JVM)"), ("connect_driver", "spark connect driver (python)"),
+    for marker, name in ((SERVER_MARKER, "spark connect server (JVM)"), ("connect_driver", "spark connect driver (python)"),
                          ("worker_daemon", "python workers"), ("pyspark.daemon", "python workers"), ("event-store tail", "query tailer"),
                          ("registry serve", "registry service"), ("dagster-daemon", "dagster-daemon"),
                          ("dagster-webserver", "dagster-webserver"), ("api grpc", "code server"),

@@ -13,7 +13,7 @@ import fcntl
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from resources.state.watermark import estimate
@@ -64,11 +64,14 @@ class Document:
     def load(cls, path: Path):
         return load_document(cls, path)
 
+    def as_json(self) -> dict:
+        """The fields as they are (JSON types, no nested dataclass): `asdict` deep-copies each one, a
+        tenth of the query tailer's CPU for its mirror's offsets of thousands of files."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def save(self, path: Path) -> None:
-        # The fields as they are (JSON types, no nested dataclass): `asdict` deep-copies each one, a
-        # tenth of the query tailer's CPU for its mirror's offsets of thousands of files.
         with locked(path):
-            write_document(path, {f.name: getattr(self, f.name) for f in fields(self)})
+            write_document(path, self.as_json())
 
 @dataclass
 class EventTimeWatermark(Document):
@@ -106,5 +109,5 @@ class EventTimeWatermark(Document):
             mark.passes = ([p for p in mark.passes if p[0] != work_unit] + [[work_unit, events, sketch]])[-max_passes:]
             value, mark.window_passes = estimate([(n, s) for _, n, s in mark.passes], percentile, windows)
             mark.watermark_us = value if mark.watermark_us is None else max(mark.watermark_us, value)
-            write_document(path, asdict(mark))
+            write_document(path, mark.as_json())
             return mark
