@@ -25,7 +25,7 @@ from resources.storage import WarehouseResource
 from spark_ops.event_store import evict_from_cache
 from spark_ops.meter import count_commit, metered
 from spark_ops.pending import compact_pending
-from spark_ops.tables import delta_path, table_committed, table_lock
+from spark_ops.tables import delta_path, table_committed, table_lock, vacuum
 
 MAINTENANCE_JOB = "maintain_tables"
 # Small files are compacted where the passes add them; click_aggregates is rewritten by its refreshes.
@@ -96,9 +96,7 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
         meter.phase("optimize")
         for name in COMPACTED:
             if name in removed_from:
-                path = tables[name]
-                with table_lock(path):
-                    session.sql(f"VACUUM {delta_path(path)} RETAIN {float(settings.query_cache_vacuum_retain_hours)} HOURS")
+                vacuum(session, tables[name], settings.query_cache_vacuum_retain_hours)
                 done["vacuumed"].append(name)
         meter.phase("vacuum")
         cost = meter.metadata()

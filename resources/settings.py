@@ -6,6 +6,7 @@ import json
 import os
 
 import dagster as dg
+import pydantic
 
 SETTINGS_ENV = "PHOTON_SETTINGS"
 
@@ -53,9 +54,10 @@ class PipelineSettings(dg.ConfigurableResource):
     query_run_every_seconds: float = 30.0
     # EventStore durable tier: query_logs keeps this much event time of queries behind the newest
     # one; older queries are found through log_file_map in the raw logs. Table maintenance evicts
-    # older ones, and deletes the files they were in once no run can still be reading them.
+    # older ones, and deletes the files they were in once no run can still be reading them: after
+    # this many whole hours (Delta's VACUUM rounds fractions: 0.25 meant at once; spark_ops/tables.py).
     query_cache_retention_seconds: float = 3600.0
-    query_cache_vacuum_retain_hours: float = 0.25
+    query_cache_vacuum_retain_hours: int = 1
     # Off the click path (photon_assets/maintenance.py): click_aggregates is refreshed with the rows
     # joined since its last refresh at most this often, and the tables are maintained (durable tier
     # eviction, pending-click records compacted, small files compacted and vacuumed) this often; a
@@ -111,5 +113,10 @@ class PipelineSettings(dg.ConfigurableResource):
 
 
 def pipeline_settings() -> PipelineSettings:
-    """The settings of this deployment: defaults, overridden by PHOTON_SETTINGS (a JSON object)."""
-    return PipelineSettings(**json.loads(os.environ.get(SETTINGS_ENV) or "{}"))
+    """The settings of this deployment: defaults, overridden by PHOTON_SETTINGS (a JSON object). A
+    bad value is a one-line ValueError naming the setting."""
+    try:
+        return PipelineSettings(**json.loads(os.environ.get(SETTINGS_ENV) or "{}"))
+    except pydantic.ValidationError as error:
+        raise ValueError(f"{SETTINGS_ENV}: " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})" for e in error.errors())) from None

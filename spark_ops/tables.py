@@ -216,6 +216,18 @@ def delta_path(path: str) -> str:
     return "delta.`" + path.replace("`", "``") + "`"
 
 
+def vacuum(spark: SparkSession, path: str, retain_hours: int) -> None:
+    """Deletes the files of the Delta table at `path` that no version younger than `retain_hours`
+    references. Whole hours only: Delta rounds RETAIN's hours to an integer (`math.round` in its
+    VacuumCommand), so `RETAIN 0.25 HOURS` deleted at once every file a compaction had just removed,
+    under another process's reads of the snapshot before it (a 2026-11-27 catch-up run: the other
+    datacenter's aggregates refresh found its change feed's files gone)."""
+    if isinstance(retain_hours, bool) or not isinstance(retain_hours, int) or retain_hours < 0:
+        raise ValueError(f"VACUUM retains whole hours (Delta rounds fractions): got {retain_hours!r}")
+    with table_lock(path):
+        spark.sql(f"VACUUM {delta_path(path)} RETAIN {retain_hours} HOURS")
+
+
 def table_committed(path: str) -> bool:
     """Whether the Delta table at `path` has a first commit. Its `_delta_log` directory appears before
     that commit does (a reader there in between finds no table); a commit file appears whole (renamed

@@ -1,7 +1,8 @@
+import pytest
 from pyspark.sql import functions as F
 
 from spark_ops.meter import metered
-from spark_ops.tables import append_once, read_table, write_output
+from spark_ops.tables import append_once, delta_path, delta_rows, latest_version, read_table, vacuum, write_output
 
 LEDGER_COLUMNS = ["dc", "click_id", "work_unit"]
 
@@ -37,3 +38,21 @@ def test_a_retry_writes_only_the_keys_its_earlier_attempt_did_not(spark, tmp_pat
     write_output(unjoinable(["a", "b"]), "unjoinable_clicks", path, "click_id", "u1", attempt=1)
     write_output(unjoinable(["a", "b", "c"]), "unjoinable_clicks", path, "click_id", "u1", attempt=2)
     assert sorted(r.click_id for r in read_table(spark, "unjoinable_clicks", path).collect()) == ["a", "b", "c"]
+
+
+def test_vacuum_keeps_for_whole_hours_the_files_a_compaction_removed(spark, tmp_path):
+    path = str(tmp_path / "click_ledger")
+    for unit in ("u1", "u2"):
+        append_once(ledger_rows(spark, [unit], unit), "click_ledger", path, unit, attempt=1)
+    before = set((tmp_path / "click_ledger").glob("*.parquet"))
+    spark.sql(f"OPTIMIZE {delta_path(path)}")
+    # One hour: what the compaction removed stays, and so does the version before it.
+    vacuum(spark, path, 1)
+    assert before <= set((tmp_path / "click_ledger").glob("*.parquet"))
+    assert delta_rows("click_ledger", path, latest_version(path) - 1).to_table().num_rows == 2
+    # Fractions are refused, not rounded (RETAIN 0.25 HOURS is 0 to Delta).
+    with pytest.raises(ValueError, match="whole hours"):
+        vacuum(spark, path, 0.25)
+    vacuum(spark, path, 0)
+    assert not before & set((tmp_path / "click_ledger").glob("*.parquet"))
+    assert sorted(r.click_id for r in read_table(spark, "click_ledger", path).collect()) == ["u1", "u2"]
