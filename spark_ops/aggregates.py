@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import deltalake
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -102,9 +103,11 @@ def changed_aggregates(joined_path: str, after: int, through: int) -> pa.Table |
             starting_version=after + 1, ending_version=through,
             columns=["click_id", "advertiser_id", "timestamp_us", "cost_micros", "_change_type"])
         rows = pa.RecordBatchReader.from_stream(feed).read_all()
-    except (deltalake.exceptions.DeltaError, OSError):
+        refuse_clicks_joined_twice(joined_path, after, rows)
+    # A vacuumed file surfaces while the stream or version `after` is read: ArrowInvalid ("Object at
+    # location ... not found") from the feed, a DuckDB error from its scan of `after`.
+    except (deltalake.exceptions.DeltaError, pa.ArrowException, OSError, duckdb.Error):
         return None
-    refuse_clicks_joined_twice(joined_path, after, rows)
     kinds = rows["_change_type"].cast(pa.string()).to_numpy(zero_copy_only=False)
     sign = np.select([kinds == kind for kind in SIGNS], list(SIGNS.values()), 0)
     times = rows["timestamp_us"].to_numpy()

@@ -5,7 +5,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_ops.aggregates import VERSION_NOTE, ClicksJoinedTwice, aggregate_clicks, commit_note, refresh_aggregates, refreshed_through
-from spark_ops.tables import TABLE_SCHEMAS, append_once, delta_path, overwrite, read_table
+from spark_ops.tables import TABLE_SCHEMAS, append_once, delta_path, overwrite, read_table, vacuum
 
 MINUTE = 60_000_000
 T0 = 1_763_700_000_000_000 - 1_763_700_000_000_000 % MINUTE
@@ -81,3 +81,17 @@ def test_refreshing_with_the_changes_gives_the_whole_aggregation_and_leaves_othe
         with pytest.raises(ClicksJoinedTwice, match=r"holds 1 click id\(s\) joined twice"):
             refresh_aggregates(spark, joined_path, aggregates_path, full=full)
     assert refreshed_through(aggregates_path)[0] == through_before
+
+
+def test_a_change_feed_whose_files_were_vacuumed_gives_a_full_refresh(spark, tmp_path):
+    joined_path, aggregates_path = str(tmp_path / "joined_clicks"), str(tmp_path / "click_aggregates")
+    append_once(joined_rows(spark, "a", [("a1", T0, "adv1", 1)]), "joined_clicks", joined_path, "a", 1)
+    assert refresh_aggregates(spark, joined_path, aggregates_path)["refreshed"] == "all"
+    for unit in ("b", "c"):
+        append_once(joined_rows(spark, unit, [(f"{unit}1", T0 + MINUTE, "adv1", 10)]), "joined_clicks", joined_path, unit, 1)
+    # Table maintenance compacts, and the files of the versions since the last refresh are deleted.
+    spark.sql(f"OPTIMIZE {delta_path(joined_path)}")
+    vacuum(spark, joined_path, 0)
+    assert refresh_aggregates(spark, joined_path, aggregates_path)["refreshed"] == "all"
+    assert as_set(read_table(spark, "click_aggregates", aggregates_path)) == as_set(
+        aggregate_clicks(read_table(spark, "joined_clicks", joined_path)))
