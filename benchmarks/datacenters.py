@@ -7,7 +7,8 @@
    share of the joins; `wasted_join_share` is Photon's "events processed by both joiners" (under
    5 % in the paper; resources/registry/ownership.py keeps it near 0).
 2. Failover: live logs (`photon gen --follow`, files rotated every 32 KiB so both datacenters
-   always have a share), both datacenters tailing them; dc2's `photon run` is SIGKILLed a while
+   always have a share), both datacenters tailing them; dc2's `photon run` is SIGKILLed (with its
+   process group: its event-store tailer and JVM) a while
    after it finished its first work unit. dc1 takes over dc2's share when dc2's lease lapses.
    `takeover_seconds`: from the kill to the end of dc1's first work unit on a file of dc2's
    share. Then dc2 comes back (its killed runs are retried) and the output is checked against the
@@ -26,6 +27,8 @@
    backlog clicks per second of catch-up, over the live click rate. Then the output against the
    generator's truth: every joinable click once.
 
+Each run's stderr is in `photon-run-<dc>-<n>.log` of its data directory (`--work-dir` keeps them).
+
     python benchmarks/datacenters.py [--parts both,failover,outage,live-outage] [--rate 1000 --outage-seconds 600]
 
 Writes benchmarks/results/<date>-datacenters-<commit>.json and prints a summary.
@@ -35,6 +38,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -61,19 +65,49 @@ def command(*args: str) -> None:
         raise SystemExit(f"photon {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
 
 
+# Every `photon run` started, so that a part that fails stops the others (a failed dc1 once left
+# dc2 running for minutes against a stopped registry).
+RUNS: list[subprocess.Popen] = []
+
+
 def start_run(data_dir: Path, dc: str, address: str, *extra: str) -> tuple[subprocess.Popen, float]:
-    """`photon run --until-idle` of one datacenter against the registry at `address`."""
+    """`photon run --until-idle` of one datacenter against the registry at `address`, in a process
+    group of its own (its event-store tailer and JVM go with it), its stderr in a log file of the data
+    directory (a pipe nobody reads for minutes fills and stops the run)."""
     env = {**os.environ, "PHOTON_REGISTRY_ADDRESS": address}
-    process = subprocess.Popen([*PHOTON, "run", "--data-dir", str(data_dir), "--until-idle", "--json",
-                                "--datacenters", dc, *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    log = data_dir / f"photon-run-{dc}-{len(RUNS)}.log"
+    with open(log, "wb") as err:
+        process = subprocess.Popen([*PHOTON, "run", "--data-dir", str(data_dir), "--until-idle", "--json",
+                                    "--datacenters", dc, *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                   stderr=err, text=True, start_new_session=True)
+    process.log = log
+    RUNS.append(process)
     return process, time.monotonic()
 
 
+def stderr_tail(process: subprocess.Popen) -> str:
+    return process.log.read_text(errors="replace").strip()[-4000:]
+
+
+def kill_datacenter(process: subprocess.Popen) -> None:
+    """SIGKILL to a run's whole process group: the datacenter goes down at once."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.communicate()
+
+
+def stop_runs() -> None:
+    for process in RUNS:
+        if process.poll() is None:
+            kill_datacenter(process)
+
+
 def finish(process: subprocess.Popen, started: float) -> dict:
-    out, err = process.communicate()
+    out, _ = process.communicate()
     if process.returncode != 0:
-        raise SystemExit(f"photon run failed: {err.strip()[-4000:]}")
+        raise SystemExit(f"photon run failed: {stderr_tail(process)}")
     summary = json.loads(out.strip().splitlines()[-1])
     summary["process_seconds"] = round(time.monotonic() - started, 2)
     return summary
@@ -123,6 +157,7 @@ def both_at_once(work: Path, gen: list[str]) -> dict:
         rows = [dc_row(finish(*run), dc) for run, dc in zip(runs, ("dc1", "dc2"))]
         wall = round(time.monotonic() - started, 2)
     finally:
+        stop_runs()
         registry.stop()
     joined = sum(r["joined"] for r in rows)
     wasted = sum(r["wasted_joins"] for r in rows)
@@ -167,9 +202,8 @@ def failover(work: Path, seed: int, seconds: float, kill_after: float) -> dict:
                 raise SystemExit("dc2 finished no work unit to be killed after")
             time.sleep(0.2)
         time.sleep(kill_after)
-        dc2.kill()
+        kill_datacenter(dc2)
         killed_us = time.time_ns() // 1000
-        dc2.communicate()
         if gen.wait() != 0:
             raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
         survivor = dc_row(finish(*dc1), "dc1")
@@ -179,6 +213,7 @@ def failover(work: Path, seed: int, seconds: float, kill_after: float) -> dict:
             raise SystemExit("dc1 never took over dc2's share")
         back = dc_row(finish(*start_run(data, "dc2", registry.address)), "dc2")
     finally:
+        stop_runs()
         registry.stop()
     truth = json.loads((data / "gen_summary.json").read_text())
     ids = DeltaTable(str(data / "warehouse" / "joined_clicks")).to_pyarrow_table(columns=["click_id"]).column(0).to_pylist()
@@ -204,6 +239,7 @@ def outage_and_catch_up(work: Path, gen: list[str]) -> dict:
         # The floor of a catch-up: `photon run` with nothing left to do (start, passes, verification).
         idle = dc_row(finish(*start_run(data, "dc2", registry.address)), "dc2")
     finally:
+        stop_runs()
         registry.stop()
     return {
         "backlog_first_time": first,
@@ -269,9 +305,8 @@ def live_outage(work: Path, seed: int, rate: float, before: float, outage: float
         dc2, _ = start_run(data, "dc2", registry.address, "--min-seconds", str(total))
         time.sleep(max(0.0, before - (time.monotonic() - started)))
         if dc2.poll() is not None:
-            raise SystemExit(f"dc2 ended before its outage: {dc2.stderr.read()[-4000:]}")
-        dc2.kill()
-        dc2.communicate()
+            raise SystemExit(f"dc2 ended before its outage: {stderr_tail(dc2)}")
+        kill_datacenter(dc2)
         down = click_sizes(data, "dc2")
         time.sleep(outage)
         back = click_sizes(data, "dc2")
@@ -280,13 +315,14 @@ def live_outage(work: Path, seed: int, rate: float, before: float, outage: float
                                    str(max(0.0, total - (time.monotonic() - started))))
         while not caught_up(data, "dc2", back, registry.address):
             if dc2.poll() is not None:
-                raise SystemExit(f"dc2 ended before it caught up: {dc2.stderr.read()[-4000:]}")
+                raise SystemExit(f"dc2 ended before it caught up: {stderr_tail(dc2)}")
             time.sleep(0.5)
         catch_up_seconds = time.monotonic() - restarted
         if gen.wait() != 0:
             raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
         rows = [dc_row(finish(*dc1), "dc1"), dc_row(finish(dc2, restarted), "dc2")]
     finally:
+        stop_runs()
         registry.stop()
     truth = json.loads((data / "gen_summary.json").read_text())
     ids = DeltaTable(str(data / "warehouse" / "joined_clicks")).to_pyarrow_table(columns=["click_id"]).column(0).to_pylist()
