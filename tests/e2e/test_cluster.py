@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pyspark.find_spark_home import _find_spark_home
 
-from resources.runtime.spark_connect import free_port
+from resources.runtime.spark_connect import SERVER_MARKER, free_port
 from resources.state.layout import REPO_ROOT
 from tests.conftest import start_spark_connect, stop_groups
 from tests.e2e.test_photon_run import assert_matches_ground_truth, photon, run
@@ -76,7 +76,7 @@ def test_the_pipeline_on_a_standalone_cluster_joins_exactly_once(cluster, tmp_pa
     # The work ran in both workers' executors (each keeps its executor's directory and log), for
     # the Connect server's application.
     apps = master_state(web_port)["activeapps"]
-    assert [app["name"] for app in apps] == ["photon-connect"] and apps[0]["cores"] == 2
+    assert [app["name"] for app in apps] == [SERVER_MARKER] and apps[0]["cores"] == 2
     executors = list(root.glob("worker*/app-*/*/stderr"))
     assert {path.parts[-4] for path in executors} == {"worker1", "worker2"}
     assert any("Finished task" in path.read_text(errors="replace") for path in executors)
