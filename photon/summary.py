@@ -63,14 +63,16 @@ def watermarks(layout: DataLayout, datacenters: list[str]) -> dict:
 
 # Per datacenter: clicks looked up, skipped because another work unit had registered them (the
 # dispatcher lookup), joined, and wasted joins (joined, then refused by the registry).
-JOINER_KEYS = ("clicks", "skipped_registered", "joined", "refused")
+# The joiner's counts per datacenter, each from its joined_clicks metadata key.
+JOINER_METADATA = {"clicks": "clicks_looked_up", "skipped_registered": "clicks_skipped_registered",
+                   "joined": "clicks_joined", "refused": "clicks_refused"}
 
 
 def materialization_totals(instance: dg.DagsterInstance, datacenters: list[str]) -> dict:
     """Totals over every click run so far, from the joined_clicks materializations: query lookups by
     the EventStore tier that served them, and the joiner's counts per datacenter."""
     totals = dict.fromkeys(EVENT_STORE_COUNTS, 0)
-    per_dc = {dc: dict.fromkeys(JOINER_KEYS, 0) for dc in datacenters}
+    per_dc = {dc: dict.fromkeys(JOINER_METADATA, 0) for dc in datacenters}
     cursor = None
     while True:
         page = instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=1000, cursor=cursor)
@@ -81,8 +83,8 @@ def materialization_totals(instance: dg.DagsterInstance, datacenters: list[str])
                 totals[key] += value.value if value is not None else 0
             dc = metadata.get("dc")
             if dc is not None and dc.value in per_dc:
-                for key in JOINER_KEYS:
-                    value = metadata.get(f"clicks_{key}")
+                for key, label in JOINER_METADATA.items():
+                    value = metadata.get(label)
                     per_dc[dc.value][key] += value.value if value is not None else 0
         if not page.has_more:
             break

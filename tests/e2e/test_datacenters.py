@@ -113,6 +113,7 @@ def test_both_datacenters_at_once_share_the_work_without_waste(tmp_path):
     # Active-active (resources/registry/ownership.py): each joined its own share of the files and skipped the
     # other's finished ranges unread; wasted joins (joined, then refused by the registry) stay under 1 %.
     assert all(j["joined"] > 0 for j in joiners), joiners
+    assert all(j["clicks"] >= j["joined"] + j["refused"] for j in joiners), joiners  # every joined click was looked up
     assert sum(j["refused"] for j in joiners) <= 0.01 * truth["joinable_clicks"], joiners
     for summary in (first, second):
         assert all(summary["verification"].values()), summary["verification"]
