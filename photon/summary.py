@@ -62,8 +62,8 @@ def watermarks(layout: DataLayout, datacenters: list[str]) -> dict:
 
 
 # Per datacenter: clicks looked up, skipped because another work unit had registered them (the
-# dispatcher lookup), joined, and wasted joins (joined, then refused by the registry).
-# The joiner's counts per datacenter, each from its joined_clicks metadata key.
+# dispatcher lookup), joined, and wasted joins (joined, then refused by the registry), each summed
+# from its joined_clicks metadata key.
 JOINER_METADATA = {"clicks": "clicks_looked_up", "skipped_registered": "clicks_skipped_registered",
                    "joined": "clicks_joined", "refused": "clicks_refused"}
 

@@ -220,8 +220,8 @@ def vacuum(spark: SparkSession, path: str, retain_hours: int) -> None:
     """Deletes the files of the Delta table at `path` that no version younger than `retain_hours`
     references. Whole hours only: Delta rounds RETAIN's hours to an integer (`math.round` in its
     VacuumCommand), so `RETAIN 0.25 HOURS` deleted at once every file a compaction had just removed,
-    under another process's reads of the snapshot before it (a 2026-11-27 catch-up run: the other
-    datacenter's aggregates refresh found its change feed's files gone)."""
+    under any reader of the snapshot before it (a 2026-11-27 catch-up run: an aggregates refresh
+    found its change feed's files gone)."""
     if isinstance(retain_hours, bool) or not isinstance(retain_hours, int) or retain_hours < 0:
         raise ValueError(f"VACUUM retains whole hours (Delta rounds fractions): got {retain_hours!r}")
     with table_lock(path):
