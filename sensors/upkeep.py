@@ -7,7 +7,7 @@ running. The aggregates refresh runs only when `joined_clicks` has a version its
 reach, and never while a blocking check of joined_clicks has failed at its latest evaluation (the
 checks gate what is built on it); its run key names that version (and a try number, should a run for it
 fail). The table checks run when the tables changed since the last ones: on their cadence, and at once
-when no work unit is in flight (the pipeline is idle). Check and maintenance runs are numbered.
+when the pipeline is idle (`tables_busy`). Check and maintenance runs are numbered.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import dagster as dg
 from photon_assets.checks import failed_blocking_checks
 from photon_assets.jobs import CHECK_TABLES_JOB, REFRESH_AGGREGATES_JOB
 from photon_assets.maintenance import MAINTENANCE_JOB
-from photon_assets.work_unit import UNFINISHED, work_units_in_flight
+from photon_assets.work_unit import UNFINISHED, work_units_awaiting_retry
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
 from sensors.dispatcher import MIN_INTERVAL_SECONDS, default_status, read_cursor, run_loggers, write_cursor
@@ -35,6 +35,15 @@ MAINTENANCE_SENSOR = "table_maintenance"
 
 def runs_in_flight(instance: dg.DagsterInstance, job_name: str) -> int:
     return instance.get_runs_count(dg.RunsFilter(job_name=job_name, statuses=list(UNFINISHED)))
+
+
+def tables_busy(instance: dg.DagsterInstance) -> bool:
+    """Whether a run that may still change the checked tables is queued or running, or a work unit awaits
+    its retry. Every run but a check run counts, not only the work units': a Materialize from the UI, a
+    refresh, maintenance. A check run created while one of them is in flight evaluates the tables before
+    its commit, and being the newest evaluation, it hides the checks of the latest materialization."""
+    unfinished = instance.get_runs(dg.RunsFilter(statuses=list(UNFINISHED)))
+    return any(run.job_name != CHECK_TABLES_JOB for run in unfinished) or bool(work_units_awaiting_retry(instance))
 
 
 def refreshed_version(instance: dg.DagsterInstance) -> int:
@@ -92,7 +101,7 @@ def table_checker(data_dir: str) -> dg.SensorDefinition:
         minimum_interval_seconds=MIN_INTERVAL_SECONDS,
         default_status=default_status(),
         description="Runs every whole-table check when the output tables changed since the last ones: at most "
-        "every table_checks_every_seconds, and at once when no work unit is in flight.",
+        "every table_checks_every_seconds, and at once when no other run is in flight.",
     )
     def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
         cursor = read_cursor(context.cursor, requested_at=0.0, versions=[], requested=0)
@@ -102,7 +111,7 @@ def table_checker(data_dir: str) -> dg.SensorDefinition:
         if runs_in_flight(context.instance, CHECK_TABLES_JOB):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="a check run is queued or running")
         wait = cursor["requested_at"] + settings.table_checks_every_seconds - time.time()
-        if wait > 0 and work_units_in_flight(context.instance):
+        if wait > 0 and tables_busy(context.instance):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next checks in {wait:.0f} s, or when idle")
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"checks.{cursor['requested']}", run_config=run_loggers(),

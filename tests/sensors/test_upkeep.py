@@ -13,6 +13,7 @@ from dagster._core.test_utils import create_run_for_test
 from photon_assets.jobs import CHECK_TABLES_JOB, JOIN_CLICKS_JOB, REFRESH_AGGREGATES_JOB
 from photon_assets.work_unit import TAG_WORK_UNIT
 from resources.settings import PipelineSettings
+from sensors.dispatcher import write_cursor
 from sensors.upkeep import aggregates_refresher, table_checker, table_maintainer
 
 
@@ -115,3 +116,18 @@ def test_the_table_checks_run_on_their_cadence_and_once_idle_when_the_tables_cha
     create_run_for_test(instance, job_name=CHECK_TABLES_JOB, status=dg.DagsterRunStatus.STARTED)
     instance.report_run_failed(run)
     assert "queued or running" in evaluate(sensor, instance, cursor=due).skip_reason.skip_message
+
+
+def test_a_run_without_a_work_unit_that_writes_the_tables_holds_the_checks_until_it_ends(tmp_path, instance):
+    """Materialize in the UI: a check run created while it is in flight would evaluate the tables before its
+    commit and, the newest evaluation, hide the checks of its materialization."""
+    sensor = table_checker(str(tmp_path))
+    commit_joined(tmp_path)
+    ui_run = create_run_for_test(instance, job_name="__ASSET_JOB", status=dg.DagsterRunStatus.STARTING,
+                                 asset_selection={dg.AssetKey("joined_clicks")})
+    checked_just_now = write_cursor({"requested_at": time.time(), "versions": [], "requested": 1})
+    held = evaluate(sensor, instance, cursor=checked_just_now, table_checks_every_seconds=300)
+    assert held.run_requests == [] and "or when idle" in held.skip_reason.skip_message
+    instance.report_run_failed(ui_run)  # finished: the pipeline is idle
+    [request] = evaluate(sensor, instance, cursor=checked_just_now, table_checks_every_seconds=300).run_requests
+    assert request.run_key == "checks.1"
