@@ -9,7 +9,8 @@ lines are left to the query runs' quarantine) and puts the valid ones into the m
 call that also records, in the registry service, where it read each file to and each writer's newest
 query time (resources/event_store/memory_tier.py: `put_tailed`). A click run's lookup vouches for a miss by
 those writer times, so clicks never wait for a query run: query runs still build the durable tier
-(`query_logs`, `log_file_map`) at their own cadence, off the click path.
+(`query_logs`, `log_file_map`) at their own cadence, off the click path, from what the tailer parsed:
+after each put it keeps the put's lines parsed (resources/event_store/tail_segments.py).
 
 Restarted after a crash, it goes on from the offsets the registry service holds; a registry service
 that restarted holds none, and the tailer reads the logs again from their first byte (the memory
@@ -34,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from resources.event_store.progress import QueryProgress, QueryTail
+from resources.event_store.tail_segments import TailSegments
 from resources.registry.api import IdRegistry
 from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
@@ -59,6 +61,7 @@ class TailSettings:
 
     max_line_bytes: int
     future_tolerance_seconds: float
+    query_tail_segment_bytes: int
     query_memory_seconds: float
     query_memory_bytes: int
     watermark_percentile: float
@@ -87,6 +90,7 @@ class QueryTailer:
     def __init__(self, layout: DataLayout, dc: str, registry: IdRegistry, settings: TailSettings):
         self.layout, self.dc, self.registry, self.settings = layout, dc, registry, settings
         self.stream_dir = layout.stream_dir(dc, "query")
+        self.segments = TailSegments(layout.query_tail_segments_dir(dc))
         state = registry.tail_state(dc)
         if state is None:
             # A registry service that holds nothing of this datacenter: start over, and so do the
@@ -136,7 +140,8 @@ class QueryTailer:
         return min(end, at + len(rest)) if rest.endswith(b"\n") else end
 
     def _parse(self, ranges: list[tuple[str, int, int]]) -> tuple[pa.Table, pa.Table]:
-        """The valid lines (TEXT_FIELDS) and every parsed row's writer fields, by the query runs' parser."""
+        """The valid lines (TEXT_FIELDS) and every line parsed, as a query run stages it (no text), by
+        the query runs' parser."""
         chunks = pa.table({
             "path": [str(self.stream_dir / f) for f, _, _ in ranges], "file": [f for f, _, _ in ranges],
             "range_end": [e for _, _, e in ranges], "chunk_start": [s for _, s, _ in ranges],
@@ -147,10 +152,11 @@ class QueryTailer:
         rows = list(parse(iter(chunks.to_batches())))
         valid = pa.concat_tables(texts) if texts else TEXT_SCHEMA.empty_table()
         parsed = pa.Table.from_batches(rows, PARSED_QUERY) if rows else PARSED_QUERY.empty_table()
-        return valid, parsed.filter(pc.is_null(parsed["reason"])).select(["server_ip", "process_id", "timestamp_us"])
+        return valid, parsed
 
     def _put(self, ranges: list[tuple[str, int, int]]) -> int:
-        valid, events = self._parse(ranges)
+        valid, parsed = self._parse(ranges)
+        events = parsed.filter(pc.is_null(parsed["reason"])).select(["server_ip", "process_id", "timestamp_us"])
         latest_valid = time.time_ns() // 1000 + int(self.settings.future_tolerance_seconds * 1e6)
         # A query from the future is held but moves no writer's time (spark_ops/validity.py).
         in_time = events.filter(pc.less_equal(events["timestamp_us"], latest_valid))
@@ -164,6 +170,8 @@ class QueryTailer:
             "part": self.part, "offsets": offsets, "writers": writers, "latest_valid_ts": latest_valid,
             "retention_seconds": self.settings.query_memory_seconds, "budget_bytes": self.settings.query_memory_bytes})
         self.offsets, self.writers = offsets, writers
+        # After the put, which clicks wait for: the durable tier's runs read these lines from here.
+        self._keep(ranges, parsed)
         # Mirrors, for the dispatchers only: written after the put, so they never claim more.
         QueryProgress.merge(self.layout.query_tail_progress_file(self.dc), spans)
         times = in_time["timestamp_us"].to_numpy()
@@ -175,6 +183,15 @@ class QueryTailer:
                 int(len(times) if mark is None else (times >= mark).sum()),
                 self.settings.watermark_percentile, self.settings.watermark_windows, self.settings.watermark_max_passes)
         return valid.num_rows
+
+    def _keep(self, ranges: list[tuple[str, int, int]], parsed: pa.Table) -> None:
+        """The parsed lines kept for the query runs. Only a saving: a segment not written (a full disk)
+        leaves its query run to parse the lines itself."""
+        try:
+            self.segments.write(ranges, parsed)
+            self.segments.trim(self.settings.query_tail_segment_bytes)
+        except OSError as error:
+            log.warning("query lines not kept for the query runs (they parse them): %s", error)
 
     @staticmethod
     def _writer_spans(events: pa.Table) -> dict[str, tuple[int, int]]:

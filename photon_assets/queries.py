@@ -12,6 +12,7 @@ from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
 from resources.event_store.memory_tier import Holding
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
+from resources.event_store.tail_segments import TailSegments
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
@@ -77,6 +78,8 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
             **common,
             "dagster/row_count": cached_rows,
             "queries_added": stats.events,
+            # Lines the query tailer had parsed, staged from its segments (the rest parsed by this run).
+            "lines_parsed_by_the_tailer": stats.lines if stats.parsed_by_the_tailer else 0,
             # The EventStore's memory tier after this pass (resources/event_store/memory_tier.py).
             "memory_tier_queries": memory.get("rows", 0),
             "memory_tier_located_queries": memory.get("located_rows", 0),  # held without their line
@@ -118,10 +121,12 @@ def ingest_pass(
                    Holding(latest_valid, settings.query_memory_seconds, settings.query_memory_bytes),
                    tailed=client.tail_state(config.dc) is not None)
     try:
-        parsed = stage_queries(session, warehouse.stream_dir(config.dc, "query"), config.byte_ranges(),
-                               settings.max_line_bytes, put, staging / "parsed")
+        parsed, from_tailer = stage_queries(session, warehouse.stream_dir(config.dc, "query"), config.byte_ranges(),
+                                            settings.max_line_bytes, put, staging / "parsed",
+                                            TailSegments(warehouse.layout.query_tail_segments_dir(config.dc)))
         # A query from the future is kept, but moves neither progress, the watermark nor the cache boundary.
         stats = line_stats(staging / "parsed", by_writer=True, latest_valid_us=latest_valid, watermark_us=watermark)
+        stats.parsed_by_the_tailer = from_tailer
         meter.phase("parse")
         newest = max([before or 0, *(ts for _, ts in stats.writers.values())], default=0)
         boundary = durable_tier_boundary_us(newest or None, settings.query_cache_retention_seconds)

@@ -52,6 +52,10 @@ class PipelineSettings(dg.ConfigurableResource):
     # catch-up unit's worth waits), so that a run's fixed cost (~2.5 s of a warm session's time) is
     # paid for more lines: every 10 s, that was a quarter of a core at 10,000 queries/s.
     query_run_every_seconds: float = 30.0
+    # The query tailer keeps what it parsed for the query runs, which build the durable tier from it
+    # instead of parsing the lines again (resources/event_store/tail_segments.py), within this many
+    # bytes of Parquet per datacenter (the oldest go first; a run that finds its lines gone parses them).
+    query_tail_segment_bytes: int = 1 << 30
     # EventStore durable tier: query_logs keeps this much event time of queries behind the newest
     # one; older queries are found through log_file_map in the raw logs. Table maintenance evicts
     # older ones, and deletes the files they were in once no run can still be reading them: after

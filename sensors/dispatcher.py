@@ -120,6 +120,14 @@ def query_watermark_file(layout: DataLayout, dc: str, tail: QueryTail) -> Path:
     return layout.watermark_file(dc, "query_tail" if tail.fresh() else "query")
 
 
+def tailed_ranges(ranges: list[tuple[str, int, int]], tailed: dict[str, int]) -> list[tuple[str, int, int]]:
+    """The part of new query lines the query tailer has read (`tailed`: file -> offset, at a line's
+    end): while it feeds the memory tier, the query runs build the durable tier from the lines it
+    parsed (resources/event_store/tail_segments.py), so they are cut behind it."""
+    clipped = [(file, start, min(end, tailed.get(file, start))) for file, start, end in ranges]
+    return [(file, start, end) for file, start, end in clipped if end > start]
+
+
 def query_run_deferred(stream: str, ranges: list, cursor: dict, tail: QueryTail, settings: PipelineSettings,
                        now: float) -> bool:
     """While a query tailer feeds the memory tier, the query log dispatcher cuts at most every
@@ -269,6 +277,8 @@ def cut_now(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, log: Work
     backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
     ranges = [] if backed_up else maker.new_ranges(log)
     tail = QueryTail.load(layout.query_tail_file(dc))
+    if stream == "query" and tail.fresh():
+        ranges = tailed_ranges(ranges, tail.offsets)
     deferred = query_run_deferred(stream, ranges, cursor, tail, settings, time.time())
     if stream == "query":
         cursor["deferred"] = deferred

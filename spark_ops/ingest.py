@@ -21,10 +21,12 @@ import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from resources.event_store.tail_segments import TailSegments
 from resources.state.watermark import SKETCH_FRACTIONS
 from spark_ops.handoff import materialize, unstage
 from spark_ops.parse import TEXT_FIELDS, ByteRange, events, parse_ranges, quarantined
 from spark_ops.registry_calls import QueryPut
+from spark_ops.schemas import PARSED
 from spark_ops.tables import append_once
 
 MAP_KEYS = ["file", "server_ip", "process_id"]
@@ -44,6 +46,7 @@ class IngestStats:
     at_or_after_watermark: int = 0
     # Per query writer (`server_ip:process_id`) in these lines: its oldest and newest timestamp.
     writers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    parsed_by_the_tailer: bool = False  # staged from the query tailer's segments (stage_queries)
 
 
 def stage_lines(spark: SparkSession, stream: str, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int,
@@ -58,15 +61,21 @@ def _staged(path: Path, columns: list[str], valid_only: bool = False) -> pa.Tabl
 
 
 def stage_queries(spark: SparkSession, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int, put: QueryPut,
-                  path: Path) -> DataFrame:
-    """A query work unit's lines, staged; the valid ones held by the memory tier, by the tasks that
-    parse them, and staged without their text (or, for a registry in the driver's process, put from
-    the staged lines)."""
+                  path: Path, segments: TailSegments | None = None) -> tuple[DataFrame, bool]:
+    """A query work unit's lines, staged, and whether the query tailer had parsed them. While a tailer
+    feeds the memory tier, its segments (resources/event_store/tail_segments.py) that cover the unit's
+    ranges are its staged lines: no Spark job, no line parsed twice. Otherwise the lines are parsed;
+    the valid ones held by the memory tier, by the tasks that parse them, and staged without their
+    text (or, for a registry in the driver's process, put from the staged lines)."""
+    if put.tailed and segments is not None:
+        pieces = segments.covering([(r.file, r.start, r.end) for r in ranges])
+        if pieces and segments.stage(pieces, path):
+            return spark.read.schema(PARSED["query"]).parquet(str(path)), True
     sink = put.in_executors()
     parsed = stage_lines(spark, "query", stream_dir, ranges, max_line_bytes, path, sink)
     if sink is None:
         put.from_driver(_staged(path, TEXT_FIELDS, valid_only=True))
-    return parsed
+    return parsed, False
 
 
 def line_stats(path: Path, by_writer: bool = False, latest_valid_us: int | None = None,

@@ -49,6 +49,10 @@ class DataLayout:
         """The query writers' times the query tailer has put into the memory tier (QueryProgress)."""
         return self.root / "state" / "streams" / dc / "query_tail_progress.json"
 
+    def query_tail_segments_dir(self, dc: str) -> Path:
+        """The query tailer's parsed lines, for the query runs (resources/event_store/tail_segments.py)."""
+        return self.root / "state" / "streams" / dc / "query_tail_segments"
+
     def query_progress_files(self, dc: str) -> tuple[Path, Path, Path]:
         """What the known progress of the query stream is read from (resources/event_store/progress.py, known_query_progress)."""
         return self.query_progress_file(dc), self.query_tail_file(dc), self.query_tail_progress_file(dc)

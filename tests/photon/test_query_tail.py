@@ -7,11 +7,14 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pytest
 
 from photon import gen
 from photon.query_tail import QueryTailer, TailSettings
 from resources.event_store.progress import QueryProgress, QueryTail
+from resources.event_store.tail_segments import TailSegments
 from resources.registry.shards import ShardedIdRegistry
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
@@ -77,6 +80,24 @@ def test_a_poll_holds_every_valid_query_line_and_records_where_it_read_to(worklo
     assert mirror.fresh() and mirror.offsets == state["offsets"]
     assert {w: p.max_ts for w, p in QueryProgress.load(workload.query_tail_progress_file("dc1")).writers.items()} == times
     assert EventTimeWatermark.load(workload.watermark_file("dc1", "query_tail")).watermark_us is not None
+
+
+def test_a_poll_keeps_what_it_parsed_for_the_query_runs(workload, registry, tmp_path):
+    """Every line it read, valid and bad, in segments that cover exactly the ranges it read."""
+    tailer = QueryTailer(workload, "dc1", registry, SETTINGS)
+    tailer.poll()
+    stream_dir = workload.stream_dir("dc1", "query")
+    read = [(f, 0, end) for f, end in registry.tail_state("dc1")["offsets"].items()]
+    segments = TailSegments(workload.query_tail_segments_dir("dc1"))
+    pieces = segments.covering(read)
+    assert pieces is not None and segments.covering([(f, 0, end + 1) for f, _, end in read]) is None
+    assert segments.stage(pieces, tmp_path / "staged")
+    rows = ds.dataset(str(tmp_path / "staged"), format="parquet").to_table()
+    valid = rows.filter(pc.is_null(rows["reason"]))
+    assert sorted(valid["query_id"].to_pylist()) == sorted(valid_query_ids(workload))
+    assert rows.num_rows > valid.num_rows  # the bad lines too, with their reasons, for the quarantine
+    assert rows.num_rows == sum(1 for f, _, end in read for _ in (stream_dir / f).read_bytes()[:end].splitlines())
+    assert valid["line"].null_count == valid.num_rows  # staged as a query run stages them: no text
 
 
 def test_a_restarted_tailer_resumes_where_the_registry_says_and_reads_only_new_lines(workload, registry):

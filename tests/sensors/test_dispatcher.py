@@ -317,18 +317,29 @@ def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_i
     layout = DataLayout(tmp_path)
     query_file = layout.stream_dir("dc1", "query") / "w" / "0.jsonl"
     write_lines(query_file, [query("10.1.0.1:7:1", 1)])
-    QueryTail(offsets={}, part=1, updated_at=time.time()).save(layout.query_tail_file("dc1"))
+
+    def tailed_to_here() -> None:  # the tailer has read every line so far
+        QueryTail(offsets={"w/0.jsonl": query_file.stat().st_size}, part=1, updated_at=time.time()).save(
+            layout.query_tail_file("dc1"))
+
+    tailed_to_here()
     sensor = log_dispatcher("dc1", "query", str(tmp_path))
     first = evaluate(sensor, instance)
     assert [r.run_key for r in first.run_requests] == ["dc1.query.00000000"]
     write_lines(query_file, [query("10.1.0.1:7:2", 2)])
+    tailed_to_here()
     deferred = evaluate(sensor, instance, cursor=first.cursor)
     assert deferred.run_requests == [] and json.loads(deferred.cursor)["deferred"]
     every = PipelineSettings().query_run_every_seconds
     assert f"every {every:.0f} s" in deferred.skip_reason.skip_message
-    # Its cadence passed: the lines are cut.
+    # Its cadence passed: the lines are cut, only up to where the tailer read (its segments hold their
+    # parse: resources/event_store/tail_segments.py); a line it has not read waits for it.
+    tailed_at = query_file.stat().st_size
+    write_lines(query_file, [query("10.1.0.1:7:2b", 2)])
     due = json.dumps({**json.loads(deferred.cursor), "cut_at": time.time() - every - 1})
-    assert [r.run_key for r in evaluate(sensor, instance, cursor=due).run_requests] == ["dc1.query.00000001"]
+    [request] = evaluate(sensor, instance, cursor=due).run_requests
+    assert request.run_key == "dc1.query.00000001"
+    assert WorkUnitLog.load(layout.work_unit_log("dc1", "query")).next_offsets() == {"w/0.jsonl": tailed_at}
     # A stale mirror is a tailer that is not running: every new line is cut at once, as without one.
     write_lines(query_file, [query("10.1.0.1:7:3", 3)])
     QueryTail(offsets={}, part=1, updated_at=time.time() - 60).save(layout.query_tail_file("dc1"))

@@ -48,9 +48,9 @@ def ingest(spark, query_dir, tables, files: list[str], unit: str, cache_since_us
     registry = registry or ShardedIdRegistry(query_dir.parent / "unused-registry" / unit, gc_interval_seconds=None)
     staged = query_dir.parent / "staging" / unit
     try:
-        parsed = stage_queries(spark, query_dir, ranges, 65536,
-                               QueryPut(registry, "dc1", unit, 1, ingested_before_ts, Holding(10**17, 3600, memory_bytes)),
-                               staged)
+        parsed, _ = stage_queries(spark, query_dir, ranges, 65536,
+                                  QueryPut(registry, "dc1", unit, 1, ingested_before_ts, Holding(10**17, 3600, memory_bytes)),
+                                  staged)
         stats = line_stats(staged, by_writer=True)
         ingest_queries(parsed, staged, stats, UnitOutput("dc1", unit, 1, tables), 10, every_bytes, cache_since_us=cache_since_us)
     finally:

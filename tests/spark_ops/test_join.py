@@ -39,8 +39,8 @@ def world(tmp_path, spark):
     tables = {name: str(tmp_path / "warehouse" / name) for name in TABLES}
     registry = ShardedIdRegistry(tmp_path / "registry", gc_interval_seconds=None)
     staged = tmp_path / "staging" / "q"
-    parsed = stage_queries(spark, logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)], 65536,
-                           QueryPut(registry, "dc1", "dc1.query.0", 1, None, Holding(10**16, 3600, 1 << 30)), staged)
+    parsed, _ = stage_queries(spark, logs / "query", [ByteRange("w/0.jsonl", 0, qfile.stat().st_size)], 65536,
+                              QueryPut(registry, "dc1", "dc1.query.0", 1, None, Holding(10**16, 3600, 1 << 30)), staged)
     stats = line_stats(staged, by_writer=True)
     ingest_queries(parsed, staged, stats, UnitOutput("dc1", "dc1.query.0", 1, tables), 10, 1 << 20)
     progress = QueryProgress({w: WriterProgress(ts) for w, (_, ts) in stats.writers.items()})

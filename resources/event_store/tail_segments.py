@@ -1,0 +1,129 @@
+"""The query tailer's parsed lines, kept for the query runs: a query line is parsed once, by the
+tailer, and the durable tier (query_logs, log_file_map) is built from what it parsed.
+
+After each put into the memory tier, the query tailer (photon/query_tail.py) writes what it parsed
+for those ranges as one segment: a Parquet file of every line (valid and bad, in the columns a query
+run stages: spark_ops/parse.py, parse_chunks, the text dropped as the query runs drop it), and beside
+it a JSON file naming the ranges it covers. A query run whose ranges the segments cover stages its
+lines from them (spark_ops/ingest.py: stage_queries); a range not covered, or a segment gone, and it
+parses the log bytes as before. The log bytes never change once written, so a segment holds what any
+parse of them gives, and segments that overlap (a tailer that started over) are read range by range,
+each line from one segment only.
+
+The tailer is the segments' one writer: it writes each file under a temporary name and renames it,
+the ranges last (a reader sees a segment whole or not at all), and deletes the oldest once they
+exceed `query_tail_segment_bytes` (the ranges first). The query dispatcher cuts query work units only
+up to where the tailer has read while the tailer is fresh (sensors/dispatcher.py), so the segments
+lead the runs that read them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+RANGES_SUFFIX = ".ranges.json"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Lines of `file` in `[start, end)`, read from one segment."""
+
+    segment: Path
+    file: str
+    start: int
+    end: int
+
+
+class TailSegments:
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._written: list[tuple[Path, int]] | None = None  # the writer's: its segments and sizes, oldest first
+
+    def write(self, ranges: list[tuple[str, int, int]], rows: pa.Table) -> Path:
+        """One put's parsed lines and the ranges they are of; returns the segment's Parquet file."""
+        written = self._segments_written()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = f"{time.time_ns():020d}"
+        segment = self.directory / f"{name}.parquet"
+        pq.write_table(rows, self.directory / f".{name}.parquet.tmp")
+        os.replace(self.directory / f".{name}.parquet.tmp", segment)
+        (self.directory / f".{name}.tmp").write_text(json.dumps([list(r) for r in ranges]))
+        os.replace(self.directory / f".{name}.tmp", self.directory / f"{name}{RANGES_SUFFIX}")
+        written.append((segment, segment.stat().st_size))
+        return segment
+
+    def _segments_written(self) -> list[tuple[Path, int]]:
+        if self._written is None:  # those of an earlier writer too, listed once
+            self._written = [(segment, segment.stat().st_size) for segment, _ in self._ranges() if segment.exists()]
+        return self._written
+
+    def _ranges(self) -> list[tuple[Path, list[tuple[str, int, int]]]]:
+        """Every segment and its ranges, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for path in sorted(self.directory.glob(f"*{RANGES_SUFFIX}")):
+            try:
+                ranges = json.loads(path.read_text())
+            except FileNotFoundError:  # trimmed since the listing
+                continue
+            found.append((path.with_name(path.name.removesuffix(RANGES_SUFFIX) + ".parquet"),
+                          [(f, int(s), int(e)) for f, s, e in ranges]))
+        return found
+
+    def covering(self, ranges: list[tuple[str, int, int]]) -> list[Piece] | None:
+        """The pieces of segments that hold every line of `ranges` once, or None if a byte of them is
+        in no segment. Ranges and segments both start and end at line ends."""
+        by_file: dict[str, list[tuple[int, int, Path]]] = {}
+        for segment, covered in self._ranges():
+            for file, start, end in covered:
+                by_file.setdefault(file, []).append((start, end, segment))
+        pieces = []
+        for file, start, end in ranges:
+            at = start
+            while at < end:
+                # Of the segments holding the line at `at`, the one reaching furthest.
+                holding = [(e, seg) for s, e, seg in by_file.get(file, ()) if s <= at < e]
+                if not holding:
+                    return None
+                reach, segment = max(holding)
+                pieces.append(Piece(segment, file, at, min(end, reach)))
+                at = min(end, reach)
+        return pieces
+
+    def stage(self, pieces: list[Piece], path: Path) -> bool:
+        """The pieces' lines as Parquet files at `path` (replacing what is there); False, and nothing at
+        `path`, if a segment has been trimmed meanwhile."""
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        try:
+            for i, piece in enumerate(pieces):
+                rows = ds.dataset(str(piece.segment), format="parquet").to_table(
+                    filter=(ds.field("file") == piece.file) & (ds.field("offset") >= piece.start)
+                    & (ds.field("offset") < piece.end))
+                pq.write_table(rows, path / f"part-{i:05d}.parquet")
+        except (FileNotFoundError, pa.ArrowException, OSError):
+            shutil.rmtree(path, ignore_errors=True)
+            return False
+        return True
+
+    def trim(self, budget_bytes: int) -> int:
+        """Deletes the oldest segments until the rest fit in `budget_bytes`; returns how many it deleted.
+        The writer's: it goes by what it wrote, not by a listing."""
+        written = self._segments_written()
+        total, deleted = sum(size for _, size in written), 0
+        while written and total > budget_bytes:
+            segment, size = written.pop(0)
+            segment.with_name(segment.stem + RANGES_SUFFIX).unlink(missing_ok=True)
+            segment.unlink(missing_ok=True)
+            total, deleted = total - size, deleted + 1
+        return deleted
