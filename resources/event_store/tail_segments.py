@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 RANGES_SUFFIX = ".ranges.json"
@@ -101,17 +101,18 @@ class TailSegments:
         return pieces
 
     def stage(self, pieces: list[Piece], path: Path) -> bool:
-        """The pieces' lines as Parquet files at `path` (replacing what is there); False, and nothing at
-        `path`, if a segment has been trimmed meanwhile."""
+        """The pieces' lines as Parquet at `path`, a file per segment read once (replacing what is
+        there); False, and nothing at `path`, if a segment has been trimmed meanwhile."""
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
+        by_segment: dict[Path, list[Piece]] = {}
+        for piece in pieces:
+            by_segment.setdefault(piece.segment, []).append(piece)
         try:
-            for i, piece in enumerate(pieces):
-                rows = ds.dataset(str(piece.segment), format="parquet").to_table(
-                    filter=(ds.field("file") == piece.file) & (ds.field("offset") >= piece.start)
-                    & (ds.field("offset") < piece.end))
-                pq.write_table(rows, path / f"part-{i:05d}.parquet")
-        except (FileNotFoundError, pa.ArrowException, OSError):
+            for i, (segment, its) in enumerate(by_segment.items()):
+                rows = pq.read_table(segment)
+                pq.write_table(rows.filter(_within(rows, its)), path / f"part-{i:05d}.parquet")
+        except (pa.ArrowException, OSError):  # FileNotFoundError: trimmed since `covering`
             shutil.rmtree(path, ignore_errors=True)
             return False
         return True
@@ -127,3 +128,23 @@ class TailSegments:
             segment.unlink(missing_ok=True)
             total, deleted = total - size, deleted + 1
         return deleted
+
+
+def _within(rows: pa.Table, pieces: list[Piece]) -> pa.ChunkedArray:  # pieces: at least one
+    """Which of a segment's rows lie in one of `pieces` (of that segment): vectorized by file, a round
+    per piece of a file that has several (a unit's ranges are rarely more than one per file)."""
+    mask = None
+    rounds: list[list[Piece]] = []
+    for piece in pieces:
+        free = next((r for r in rounds if all(p.file != piece.file for p in r)), None)
+        if free is None:
+            rounds.append(free := [])
+        free.append(piece)
+    for its in rounds:
+        index = pc.index_in(rows["file"], value_set=pa.array([p.file for p in its], pa.string()))
+        low = pc.take(pa.array([p.start for p in its], pa.int64()), index)
+        high = pc.take(pa.array([p.end for p in its], pa.int64()), index)
+        inside = pc.and_(pc.greater_equal(rows["offset"], low), pc.less(rows["offset"], high))
+        inside = pc.fill_null(inside, False)
+        mask = inside if mask is None else pc.or_(mask, inside)
+    return mask

@@ -29,6 +29,11 @@ def test_pieces_cover_each_line_once_across_overlapping_segments_and_a_gap_is_no
     assert list(zip(rows["file"].to_pylist(), rows["offset"].to_pylist())) == [
         ("a", 10), ("a", 20), ("a", 30), ("a", 40), ("a", 50), ("b", 0), ("b", 10)]
 
+    # Two ranges of one file, both from one segment: read once, each line of either range staged.
+    assert segments.stage(segments.covering([("a", 0, 20), ("a", 20, 40)]), staged)
+    rows = ds.dataset(str(staged), format="parquet").to_table()
+    assert sorted(rows["offset"].to_pylist()) == [0, 10, 20, 30] and len(list(staged.iterdir())) == 1
+
     assert segments.covering([("a", 50, 70)]) is None  # bytes 60-70 were never read
     assert segments.covering([("c", 0, 10)]) is None
 
