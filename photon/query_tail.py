@@ -40,7 +40,7 @@ from resources.registry.api import IdRegistry
 from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.watermark import SKETCH_FRACTIONS
-from resources.state.work_unit_log import new_ranges
+from resources.state.work_unit_log import WorkUnitLog, new_ranges
 from spark_ops.parse import CHUNK_FIELDS, TEXT_FIELDS, parse_chunks
 from spark_ops.schemas import PARSED, arrow_schema
 
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 # Lines parsed per put at most: a backlog is fed in pieces of this size, each recorded with its offsets.
 PUT_BYTES = 16 << 20
+# How often the tailer reads the query work unit log to delete the segments the query runs are done with.
+CUT_READ_EVERY_SECONDS = 60.0
 PARSED_QUERY = arrow_schema(PARSED["query"])
 TEXT_SCHEMA = pa.schema([PARSED_QUERY.field(name) for name in TEXT_FIELDS])
 
@@ -91,6 +93,7 @@ class QueryTailer:
         self.layout, self.dc, self.registry, self.settings = layout, dc, registry, settings
         self.stream_dir = layout.stream_dir(dc, "query")
         self.segments = TailSegments(layout.query_tail_segments_dir(dc))
+        self._cut_read_at = 0.0
         state = registry.tail_state(dc)
         if state is None:
             # A registry service that holds nothing of this datacenter: start over, and so do the
@@ -189,7 +192,10 @@ class QueryTailer:
         leaves its query run to parse the lines itself."""
         try:
             self.segments.write(ranges, parsed)
-            self.segments.trim(self.settings.query_tail_segment_bytes)
+            cut = None
+            if time.monotonic() - self._cut_read_at >= CUT_READ_EVERY_SECONDS:  # a long log: not at every put
+                cut, self._cut_read_at = WorkUnitLog.load(self.layout.work_unit_log(self.dc, "query")).next_offsets(), time.monotonic()
+            self.segments.trim(self.settings.query_tail_segment_bytes, cut)
         except OSError as error:
             log.warning("query lines not kept for the query runs (they parse them): %s", error)
 

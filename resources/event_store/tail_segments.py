@@ -12,7 +12,8 @@ each line from one segment only.
 
 The tailer is the segments' one writer: it writes each file under a temporary name and renames it,
 the ranges last (a reader sees a segment whole or not at all), and deletes the oldest once they
-exceed `query_tail_segment_bytes` (the ranges first). The query dispatcher cuts query work units only
+exceed `query_tail_segment_bytes` (the ranges first), and those whose lines were all cut into query
+work units ten minutes before. The query dispatcher cuts query work units only
 up to where the tailer has read while the tailer is fresh (sensors/dispatcher.py), so the segments
 lead the runs that read them.
 """
@@ -31,6 +32,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 RANGES_SUFFIX = ".ranges.json"
+# A segment whose lines were all cut into query work units goes after this long: their runs have
+# staged them by then (a run queued longer, or a retry, parses its lines itself).
+CUT_SEGMENTS_KEPT_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -117,17 +121,35 @@ class TailSegments:
             return False
         return True
 
-    def trim(self, budget_bytes: int) -> int:
-        """Deletes the oldest segments until the rest fit in `budget_bytes`; returns how many it deleted.
-        The writer's: it goes by what it wrote, not by a listing."""
+    def trim(self, budget_bytes: int, cut: dict[str, int] | None = None) -> int:
+        """Deletes the segments the query runs are done with: older than CUT_SEGMENTS_KEPT_SECONDS and
+        every range of theirs cut into a query work unit (`cut`: the work unit log's next offsets);
+        then the oldest, until the rest fit in `budget_bytes`. Returns how many it deleted. The
+        writer's: it goes by what it wrote, not by a listing."""
         written = self._segments_written()
-        total, deleted = sum(size for _, size in written), 0
-        while written and total > budget_bytes:
-            segment, size = written.pop(0)
-            segment.with_name(segment.stem + RANGES_SUFFIX).unlink(missing_ok=True)
-            segment.unlink(missing_ok=True)
+        kept: list[tuple[Path, int]] = []
+        ranges = dict(self._ranges()) if cut else {}
+        old = time.time_ns() - int(CUT_SEGMENTS_KEPT_SECONDS * 1e9)
+        for segment, size in written:
+            done = int(segment.stem) < old and segment in ranges and all(
+                end <= cut.get(file, 0) for file, _, end in ranges[segment])
+            if done:
+                _delete(segment)
+            else:
+                kept.append((segment, size))
+        deleted = len(written) - len(kept)
+        total = sum(size for _, size in kept)
+        while kept and total > budget_bytes:
+            segment, size = kept.pop(0)
+            _delete(segment)
             total, deleted = total - size, deleted + 1
+        written[:] = kept
         return deleted
+
+
+def _delete(segment: Path) -> None:
+    segment.with_name(segment.stem + RANGES_SUFFIX).unlink(missing_ok=True)  # the ranges first: then unseen
+    segment.unlink(missing_ok=True)
 
 
 def _within(rows: pa.Table, pieces: list[Piece]) -> pa.ChunkedArray:  # pieces: at least one

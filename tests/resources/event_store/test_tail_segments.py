@@ -61,3 +61,15 @@ def test_the_writer_trims_the_oldest_segments_beyond_its_budget(tmp_path):
     assert not first.exists() and not first.with_name(first.stem + RANGES_SUFFIX).exists()
     assert second.exists() and third.exists()
     assert segments.covering([("a", 0, 30)]) is None and segments.covering([("a", 30, 90)]) is not None
+
+
+def test_segments_whose_lines_were_all_cut_into_work_units_go_once_old(tmp_path, monkeypatch):
+    segments = TailSegments(tmp_path / "segments")
+    first = segments.write([("a", 0, 30)], lines("a", [0, 10, 20]))
+    second = segments.write([("a", 30, 60), ("b", 0, 20)], pa.concat_tables([lines("a", [30, 40, 50]), lines("b", [0, 10])]))
+    cut = {"a": 60, "b": 10}  # b's second line is not cut yet
+    assert segments.trim(1 << 30, cut) == 0  # cut, but young: a queued run may still stage them
+    monkeypatch.setattr("resources.event_store.tail_segments.CUT_SEGMENTS_KEPT_SECONDS", 0.0)
+    assert segments.trim(1 << 30, cut) == 1
+    assert not first.exists() and second.exists()
+    assert segments.trim(1 << 30, {"a": 60, "b": 20}) == 1 and not second.exists()
