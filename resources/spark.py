@@ -48,6 +48,14 @@ def delta_jars(jars_dir: Path = DEFAULT_JARS_DIR) -> list[str]:
 DRIVER_MEMORY = "2g"
 
 
+# Columns with a value per row: Parquet fills a dictionary for each until it outgrows its page and falls
+# back to plain encoding, so the files come out the same without it (the backlog's warehouse within
+# 0.01 %), and the hashing is spared: 5-10 % of the JVM's samples in the backlog (JFR), ~5 % of its
+# time (benchmarks/README.md, issue 42 round six).
+UNIQUE_COLUMNS = ("query_id", "click_id", "timestamp_us", "offset", "query.query_id", "query.timestamp_us",
+                  "query_timestamp_us")
+
+
 def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -> dict[str, str]:
     """The settings of the JVM that runs the pipeline: a local session's or the Connect server's."""
     return {
@@ -81,6 +89,7 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
         "spark.hadoop.parquet.enable.dictionary#ads.list.element.ad_id": "false",
         "spark.hadoop.parquet.enable.dictionary#query.ads.list.element.ad_id": "false",
+        **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in UNIQUE_COLUMNS},
         # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's 7-day
         # default; click runs never read snapshots older than that.
         "spark.databricks.delta.retentionDurationCheck.enabled": "false",
