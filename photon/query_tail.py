@@ -92,7 +92,7 @@ class QueryTailer:
     def __init__(self, layout: DataLayout, dc: str, registry: IdRegistry, settings: TailSettings):
         self.layout, self.dc, self.registry, self.settings = layout, dc, registry, settings
         self.stream_dir = layout.stream_dir(dc, "query")
-        self.segments = TailSegments(layout.query_tail_segments_dir(dc))
+        self.segments = TailSegments(layout.query_tail_segments_dir(dc), settings.max_line_bytes)
         self._cut_read_at = 0.0
         state = registry.tail_state(dc)
         if state is None:

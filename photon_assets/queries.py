@@ -123,7 +123,8 @@ def ingest_pass(
     try:
         parsed, from_tailer = stage_queries(session, warehouse.stream_dir(config.dc, "query"), config.byte_ranges(),
                                             settings.max_line_bytes, put, staging / "parsed",
-                                            TailSegments(warehouse.layout.query_tail_segments_dir(config.dc)))
+                                            TailSegments(warehouse.layout.query_tail_segments_dir(config.dc),
+                                                         settings.max_line_bytes))
         # A query from the future is kept, but moves neither progress, the watermark nor the cache boundary.
         stats = line_stats(staging / "parsed", by_writer=True, latest_valid_us=latest_valid, watermark_us=watermark)
         stats.parsed_by_the_tailer = from_tailer

@@ -48,8 +48,11 @@ class Piece:
 
 
 class TailSegments:
-    def __init__(self, directory: Path):
-        self.directory = directory
+    """A datacenter's segments, of lines parsed with `max_line_bytes` (the one setting the parse goes
+    by: a segment parsed with another, before the setting changed, is no cover)."""
+
+    def __init__(self, directory: Path, max_line_bytes: int):
+        self.directory, self.max_line_bytes = directory, max_line_bytes
         self._written: list[tuple[Path, int]] | None = None  # the writer's: its segments and sizes, oldest first
 
     def write(self, ranges: list[tuple[str, int, int]], rows: pa.Table) -> Path:
@@ -60,28 +63,31 @@ class TailSegments:
         segment = self.directory / f"{name}.parquet"
         pq.write_table(rows, self.directory / f".{name}.parquet.tmp")
         os.replace(self.directory / f".{name}.parquet.tmp", segment)
-        (self.directory / f".{name}.tmp").write_text(json.dumps([list(r) for r in ranges]))
+        (self.directory / f".{name}.tmp").write_text(
+            json.dumps({"max_line_bytes": self.max_line_bytes, "ranges": [list(r) for r in ranges]}))
         os.replace(self.directory / f".{name}.tmp", self.directory / f"{name}{RANGES_SUFFIX}")
         written.append((segment, segment.stat().st_size))
         return segment
 
     def _segments_written(self) -> list[tuple[Path, int]]:
         if self._written is None:  # those of an earlier writer too, listed once
-            self._written = [(segment, segment.stat().st_size) for segment, _ in self._ranges() if segment.exists()]
+            self._written = [(segment, segment.stat().st_size) for segment, _ in self._ranges(every=True)
+                             if segment.exists()]
         return self._written
 
-    def _ranges(self) -> list[tuple[Path, list[tuple[str, int, int]]]]:
-        """Every segment and its ranges, oldest first."""
+    def _ranges(self, every: bool = False) -> list[tuple[Path, list[tuple[str, int, int]]]]:
+        """The segments parsed with this `max_line_bytes` (`every`: all) and their ranges, oldest first."""
         if not self.directory.is_dir():
             return []
         found = []
         for path in sorted(self.directory.glob(f"*{RANGES_SUFFIX}")):
             try:
-                ranges = json.loads(path.read_text())
+                written = json.loads(path.read_text())
             except FileNotFoundError:  # trimmed since the listing
                 continue
-            found.append((path.with_name(path.name.removesuffix(RANGES_SUFFIX) + ".parquet"),
-                          [(f, int(s), int(e)) for f, s, e in ranges]))
+            if every or written["max_line_bytes"] == self.max_line_bytes:
+                found.append((path.with_name(path.name.removesuffix(RANGES_SUFFIX) + ".parquet"),
+                              [(f, int(s), int(e)) for f, s, e in written["ranges"]]))
         return found
 
     def covering(self, ranges: list[tuple[str, int, int]]) -> list[Piece] | None:
@@ -128,7 +134,7 @@ class TailSegments:
         writer's: it goes by what it wrote, not by a listing."""
         written = self._segments_written()
         kept: list[tuple[Path, int]] = []
-        ranges = dict(self._ranges()) if cut else {}
+        ranges = dict(self._ranges(every=True)) if cut else {}
         old = time.time_ns() - int(CUT_SEGMENTS_KEPT_SECONDS * 1e9)
         for segment, size in written:
             done = int(segment.stem) < old and segment in ranges and all(

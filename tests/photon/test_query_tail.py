@@ -88,7 +88,7 @@ def test_a_poll_keeps_what_it_parsed_for_the_query_runs(workload, registry, tmp_
     tailer.poll()
     stream_dir = workload.stream_dir("dc1", "query")
     read = [(f, 0, end) for f, end in registry.tail_state("dc1")["offsets"].items()]
-    segments = TailSegments(workload.query_tail_segments_dir("dc1"))
+    segments = TailSegments(workload.query_tail_segments_dir("dc1"), SETTINGS.max_line_bytes)
     pieces = segments.covering(read)
     assert pieces is not None and segments.covering([(f, 0, end + 1) for f, _, end in read]) is None
     assert segments.stage(pieces, tmp_path / "staged")

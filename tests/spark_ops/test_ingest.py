@@ -31,7 +31,7 @@ def test_a_query_run_stages_what_the_tailer_parsed_exactly_as_its_own_parse(tmp_
         stream_dir = layout.stream_dir("dc1", "query")
         ranges = [ByteRange(f, 0, end) for f, end in registry.tail_state("dc1")["offsets"].items()]
         put = QueryPut(registry, "dc1", "dc1.query.0", 1, None, Holding(10**17, 3600, 1 << 30), tailed=True)
-        segments = TailSegments(layout.query_tail_segments_dir("dc1"))
+        segments = TailSegments(layout.query_tail_segments_dir("dc1"), 65536)
 
         from_tailer, by_tailer = stage_queries(spark, stream_dir, ranges, 65536, put, tmp_path / "tailed", segments)
         parsed, by_run = stage_queries(spark, stream_dir, ranges, 65536, put, tmp_path / "parsed")

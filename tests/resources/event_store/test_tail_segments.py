@@ -8,6 +8,8 @@ import pyarrow.dataset as ds
 
 from resources.event_store.tail_segments import RANGES_SUFFIX, TailSegments
 
+LIMIT = 65536  # the parse's max_line_bytes
+
 
 def lines(file: str, offsets: list[int]) -> pa.Table:
     """Rows as the parser stages them, reduced to what the segments go by (file, offset)."""
@@ -15,7 +17,7 @@ def lines(file: str, offsets: list[int]) -> pa.Table:
 
 
 def test_pieces_cover_each_line_once_across_overlapping_segments_and_a_gap_is_no_cover(tmp_path):
-    segments = TailSegments(tmp_path / "segments")
+    segments = TailSegments(tmp_path / "segments", LIMIT)
     segments.write([("a", 0, 30)], lines("a", [0, 10, 20]))
     segments.write([("a", 30, 60), ("b", 0, 20)], pa.concat_tables([lines("a", [30, 40, 50]), lines("b", [0, 10])]))
     # A tailer that started over read the same bytes again, in other cuts.
@@ -38,8 +40,15 @@ def test_pieces_cover_each_line_once_across_overlapping_segments_and_a_gap_is_no
     assert segments.covering([("c", 0, 10)]) is None
 
 
+def test_segments_parsed_with_another_line_limit_are_no_cover(tmp_path):
+    """A line between the old and the new limit is quarantined by one parse and not by the other."""
+    TailSegments(tmp_path / "segments", LIMIT).write([("a", 0, 30)], lines("a", [0, 10, 20]))
+    assert TailSegments(tmp_path / "segments", 2 * LIMIT).covering([("a", 0, 30)]) is None
+    assert TailSegments(tmp_path / "segments", LIMIT).covering([("a", 0, 30)]) is not None
+
+
 def test_a_segment_trimmed_under_a_reader_fails_its_staging_and_leaves_nothing(tmp_path):
-    segments = TailSegments(tmp_path / "segments")
+    segments = TailSegments(tmp_path / "segments", LIMIT)
     segment = segments.write([("a", 0, 30)], lines("a", [0, 10, 20]))
     pieces = segments.covering([("a", 0, 30)])
     segment.unlink()
@@ -49,11 +58,11 @@ def test_a_segment_trimmed_under_a_reader_fails_its_staging_and_leaves_nothing(t
 
 def test_the_writer_trims_the_oldest_segments_beyond_its_budget(tmp_path):
     directory = tmp_path / "segments"
-    earlier = TailSegments(directory)
+    earlier = TailSegments(directory, LIMIT)
     first = earlier.write([("a", 0, 30)], lines("a", [0, 10, 20]))
     size = first.stat().st_size
     # A new writer (a restarted tailer) counts the segments already there.
-    segments = TailSegments(directory)
+    segments = TailSegments(directory, LIMIT)
     second = segments.write([("a", 30, 60)], lines("a", [30, 40, 50]))
     third = segments.write([("a", 60, 90)], lines("a", [60, 70, 80]))
     assert segments.trim(3 * size + size // 2) == 0
@@ -64,7 +73,7 @@ def test_the_writer_trims_the_oldest_segments_beyond_its_budget(tmp_path):
 
 
 def test_segments_whose_lines_were_all_cut_into_work_units_go_once_old(tmp_path, monkeypatch):
-    segments = TailSegments(tmp_path / "segments")
+    segments = TailSegments(tmp_path / "segments", LIMIT)
     first = segments.write([("a", 0, 30)], lines("a", [0, 10, 20]))
     second = segments.write([("a", 30, 60), ("b", 0, 20)], pa.concat_tables([lines("a", [30, 40, 50]), lines("b", [0, 10])]))
     cut = {"a": 60, "b": 10}  # b's second line is not cut yet
