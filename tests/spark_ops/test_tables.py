@@ -1,3 +1,6 @@
+import json
+from pathlib import Path
+
 import pytest
 from pyspark.sql import functions as F
 
@@ -21,6 +24,10 @@ def test_a_retry_appends_nothing_an_earlier_attempt_committed(spark, tmp_path):
         append_once(ledger_rows(spark, ["a", "b"], "u1"), "click_ledger", path, "u1", attempt=2)  # skipped
         append_once(ledger_rows(spark, ["c"], "u2"), "click_ledger", path, "u2", attempt=2)  # u2's first commit
     assert sorted(r.click_id for r in read_table(spark, "click_ledger", path).collect()) == ["a", "b", "c"]
+    # What the retry's look goes by is the one column with statistics (spark_ops/tables.py, TABLE_PROPERTIES).
+    stats = [json.loads(json.loads(line)["add"]["stats"]) for log in sorted(Path(path, "_delta_log").glob("*.json"))
+             for line in log.read_text().splitlines() if '"add"' in line]
+    assert stats and all(set(s["minValues"]) == {"work_unit"} for s in stats), stats
     assert meter.commits == {"click_ledger": 2}
 
 
