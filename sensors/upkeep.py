@@ -104,7 +104,9 @@ def table_checker(data_dir: str) -> dg.SensorDefinition:
         "every table_checks_every_seconds, and at once when no other run is in flight.",
     )
     def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
-        cursor = read_cursor(context.cursor, requested_at=0.0, versions=[], requested=0)
+        # A first tick counts the cadence from now: checks due at once would start beside whatever
+        # the deployment's first runs are (a Materialize from the UI) rather than when it is idle.
+        cursor = read_cursor(context.cursor, requested_at=time.time(), versions=[], requested=0)
         versions = table_versions(data_dir)
         if versions == cursor["versions"] or max(versions) < 0:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="the tables are as last checked")

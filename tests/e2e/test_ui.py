@@ -47,6 +47,8 @@ JOINED_CLICKS_CHECKS = sorted(
 ASSETS_QUERY = "{ assetNodes { assetKey { path } groupName } }"
 UI_RUNS_QUERY = """{ runsOrError(filter: {tags: [{key: "dagster/from_ui", value: "true"}]}) {
   ... on Runs { results { runId status } } } }"""
+UNFINISHED_RUNS_QUERY = """{ runsOrError(filter: {statuses: [QUEUED, NOT_STARTED, STARTING, STARTED]}) {
+  ... on Runs { results { runId } } } }"""
 CHECKS_QUERY = """query Checks($path: [String!]!) { assetNodes(assetKeys: [{path: $path}]) {
   assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization {
     runId status evaluation { success metadataEntries { label ... on IntMetadataEntry { intValue } } } } } } } } }"""
@@ -96,6 +98,17 @@ def stop_up(up: subprocess.Popen) -> set[int]:
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return left
+
+
+def settled(url: str, up: subprocess.Popen) -> None:
+    """Until no run is queued or running: the deployment's own first runs (a table check on what
+    `photon run` committed, the freshness check) start before the UI's, and its checks are the
+    latest evaluations of joined_clicks' latest materialization."""
+    deadline = time.monotonic() + RUN_SECONDS
+    while graphql(url, UNFINISHED_RUNS_QUERY)["runsOrError"]["results"]:
+        assert up.poll() is None, f"photon up exited with status {up.returncode}"
+        assert time.monotonic() < deadline, f"runs still in flight after {RUN_SECONDS} s"
+        time.sleep(1)
 
 
 def ui_run(url: str, up: subprocess.Popen) -> dict:
@@ -161,6 +174,7 @@ def test_the_ui_draws_materializes_and_checks_joined_clicks(tmp_path, spark_conn
             # 2. Materialize joined_clicks, no config typed: its multi-asset's siblings come along, and
             # the run catches up on dc1's click lines (photon run left none: its tables as they are).
             page.goto(f"{url}/assets/joined_clicks")
+            settled(url, up)
             page.get_by_role("button", name="Materialize").click()
             page.get_by_role("button", name="Confirm").click()  # "Additional assets will be materialized"
             launched = ui_run(url, up)

@@ -128,6 +128,9 @@ def test_a_run_without_a_work_unit_that_writes_the_tables_holds_the_checks_until
     checked_just_now = write_cursor({"requested_at": time.time(), "versions": [], "requested": 1})
     held = evaluate(sensor, instance, cursor=checked_just_now, table_checks_every_seconds=300)
     assert held.run_requests == [] and "or when idle" in held.skip_reason.skip_message
+    # So is the sensor's first tick (a deployment just started): its cadence counts from then.
+    first = evaluate(sensor, instance, table_checks_every_seconds=300)
+    assert first.run_requests == [] and "or when idle" in first.skip_reason.skip_message
     instance.report_run_failed(ui_run)  # finished: the pipeline is idle
     [request] = evaluate(sensor, instance, cursor=checked_just_now, table_checks_every_seconds=300).run_requests
     assert request.run_key == "checks.1"
