@@ -111,6 +111,21 @@ def settled(url: str, up: subprocess.Popen) -> None:
         time.sleep(1)
 
 
+def evaluated_checks(url: str, up: subprocess.Popen) -> dict:
+    """joined_clicks' checks and their executions for its latest materialization, once none is in
+    progress: the table checker evaluates the whole-table ones again as soon as the deployment is
+    idle after the UI's run, so the latest may be its run's."""
+    deadline = time.monotonic() + RUN_SECONDS
+    while True:
+        asset = graphql(url, CHECKS_QUERY, path=["joined_clicks"])["assetNodes"][0]
+        checks = {c["name"]: c["executionForLatestMaterialization"] for c in asset["assetChecksOrError"]["checks"]}
+        if all(execution and execution["status"] != "IN_PROGRESS" for execution in checks.values()):
+            return checks
+        assert up.poll() is None, f"photon up exited with status {up.returncode}"
+        assert time.monotonic() < deadline, f"checks not evaluated for the latest materialization: {checks}"
+        time.sleep(1)
+
+
 def ui_run(url: str, up: subprocess.Popen) -> dict:
     """The run launched from the UI, once it has finished."""
     deadline = time.monotonic() + RUN_SECONDS
@@ -184,13 +199,11 @@ def test_the_ui_draws_materializes_and_checks_joined_clicks(tmp_path, spark_conn
             expect(page.get_by_text(f"{len(JOINED_CLICKS_CHECKS)} checks", exact=True)).to_be_visible()
 
             # 3. The checks ran in that run, each passed; the checks tab shows it and their counts.
-            asset = graphql(url, CHECKS_QUERY, path=["joined_clicks"])["assetNodes"][0]
-            checks = {c["name"]: c["executionForLatestMaterialization"] for c in asset["assetChecksOrError"]["checks"]}
+            checks = evaluated_checks(url, up)
             assert sorted(checks) == JOINED_CLICKS_CHECKS
             for name, execution in checks.items():
                 assert execution and execution["status"] == "SUCCEEDED" and execution["evaluation"]["success"], (name, checks)
-            # They ran in the UI's run (its page counts them); the table checker evaluates the whole-table
-            # ones again as soon as the deployment is idle, so the latest may be a check_tables run's.
+            # They ran in the UI's run (its page counts them), the whole-table ones perhaps again since.
             for definition in ALL_CHECKS:
                 run_id = checks.get(definition.check_key.name, {}).get("runId")
                 if run_id and run_id != launched["runId"]:
