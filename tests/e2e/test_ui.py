@@ -100,43 +100,46 @@ def stop_up(up: subprocess.Popen) -> set[int]:
     return left
 
 
+def polled(up: subprocess.Popen, probe, what: str):
+    """`probe()`'s first answer that is not None, asked every second while `photon up` runs, within
+    RUN_SECONDS (`what` names the state waited for)."""
+    deadline = time.monotonic() + RUN_SECONDS
+    while (answer := probe()) is None:
+        assert up.poll() is None, f"photon up exited with status {up.returncode}"
+        assert time.monotonic() < deadline, f"not {what} after {RUN_SECONDS} s"
+        time.sleep(1)
+    return answer
+
+
 def settled(url: str, up: subprocess.Popen) -> None:
     """Until no run is queued or running: the deployment's own first runs (a table check on what
     `photon run` committed, the freshness check) start before the UI's, and its checks are the
     latest evaluations of joined_clicks' latest materialization."""
-    deadline = time.monotonic() + RUN_SECONDS
-    while graphql(url, UNFINISHED_RUNS_QUERY)["runsOrError"]["results"]:
-        assert up.poll() is None, f"photon up exited with status {up.returncode}"
-        assert time.monotonic() < deadline, f"runs still in flight after {RUN_SECONDS} s"
-        time.sleep(1)
+    polled(up, lambda: True if not graphql(url, UNFINISHED_RUNS_QUERY)["runsOrError"]["results"] else None,
+           "settled (runs still in flight)")
 
 
 def evaluated_checks(url: str, up: subprocess.Popen) -> dict:
     """joined_clicks' checks and their executions for its latest materialization, once none is in
     progress: the table checker evaluates the whole-table ones again as soon as the deployment is
     idle after the UI's run, so the latest may be its run's."""
-    deadline = time.monotonic() + RUN_SECONDS
-    while True:
+    def checks() -> dict | None:
         asset = graphql(url, CHECKS_QUERY, path=["joined_clicks"])["assetNodes"][0]
-        checks = {c["name"]: c["executionForLatestMaterialization"] for c in asset["assetChecksOrError"]["checks"]}
-        if all(execution and execution["status"] != "IN_PROGRESS" for execution in checks.values()):
-            return checks
-        assert up.poll() is None, f"photon up exited with status {up.returncode}"
-        assert time.monotonic() < deadline, f"checks not evaluated for the latest materialization: {checks}"
-        time.sleep(1)
+        found = {c["name"]: c["executionForLatestMaterialization"] for c in asset["assetChecksOrError"]["checks"]}
+        done = all(execution and execution["status"] != "IN_PROGRESS" for execution in found.values())
+        return found if done else None
+
+    return polled(up, checks, "every check of joined_clicks evaluated for its latest materialization")
 
 
 def ui_run(url: str, up: subprocess.Popen) -> dict:
     """The run launched from the UI, once it has finished."""
-    deadline = time.monotonic() + RUN_SECONDS
-    while True:
-        assert up.poll() is None, f"photon up exited with status {up.returncode}"
+    def finished() -> dict | None:
         runs = graphql(url, UI_RUNS_QUERY)["runsOrError"]["results"]
         assert len(runs) <= 1, runs
-        if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
-            return runs[0]
-        assert time.monotonic() < deadline, f"the UI's run did not finish in {RUN_SECONDS} s: {runs}"
-        time.sleep(1)
+        return runs[0] if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+    return polled(up, finished, "finished (the UI's run)")
 
 
 @contextmanager
