@@ -53,7 +53,8 @@ class TailSegments:
 
     def __init__(self, directory: Path, max_line_bytes: int):
         self.directory, self.max_line_bytes = directory, max_line_bytes
-        self._written: list[tuple[Path, int]] | None = None  # the writer's: its segments and sizes, oldest first
+        # The writer's: its segments, their sizes and ranges, oldest first.
+        self._written: list[tuple[Path, int, list[tuple[str, int, int]]]] | None = None
 
     def write(self, ranges: list[tuple[str, int, int]], rows: pa.Table) -> Path:
         """One put's parsed lines and the ranges they are of; returns the segment's Parquet file."""
@@ -66,12 +67,12 @@ class TailSegments:
         (self.directory / f".{name}.tmp").write_text(
             json.dumps({"max_line_bytes": self.max_line_bytes, "ranges": [list(r) for r in ranges]}))
         os.replace(self.directory / f".{name}.tmp", self.directory / f"{name}{RANGES_SUFFIX}")
-        written.append((segment, segment.stat().st_size))
+        written.append((segment, segment.stat().st_size, [tuple(r) for r in ranges]))
         return segment
 
-    def _segments_written(self) -> list[tuple[Path, int]]:
+    def _segments_written(self) -> list[tuple[Path, int, list[tuple[str, int, int]]]]:
         if self._written is None:  # those of an earlier writer too, listed once
-            self._written = [(segment, segment.stat().st_size) for segment, _ in self._ranges(every=True)
+            self._written = [(segment, segment.stat().st_size, ranges) for segment, ranges in self._ranges(every=True)
                              if segment.exists()]
         return self._written
 
@@ -131,22 +132,19 @@ class TailSegments:
         """Deletes the segments the query runs are done with: older than CUT_SEGMENTS_KEPT_SECONDS and
         every range of theirs cut into a query work unit (`cut`: the work unit log's next offsets);
         then the oldest, until the rest fit in `budget_bytes`. Returns how many it deleted. The
-        writer's: it goes by what it wrote, not by a listing."""
+        writer's: it goes by what it wrote (listed once), not by a listing at each trim."""
         written = self._segments_written()
-        kept: list[tuple[Path, int]] = []
-        ranges = dict(self._ranges(every=True)) if cut else {}
         old = time.time_ns() - int(CUT_SEGMENTS_KEPT_SECONDS * 1e9)
-        for segment, size in written:
-            done = int(segment.stem) < old and segment in ranges and all(
-                end <= cut.get(file, 0) for file, _, end in ranges[segment])
-            if done:
+        kept = []
+        for segment, size, ranges in written:
+            if cut and int(segment.stem) < old and all(end <= cut.get(file, 0) for file, _, end in ranges):
                 _delete(segment)
             else:
-                kept.append((segment, size))
+                kept.append((segment, size, ranges))
         deleted = len(written) - len(kept)
-        total = sum(size for _, size in kept)
+        total = sum(size for _, size, _ in kept)
         while kept and total > budget_bytes:
-            segment, size = kept.pop(0)
+            segment, size, _ = kept.pop(0)
             _delete(segment)
             total, deleted = total - size, deleted + 1
         written[:] = kept
