@@ -7,7 +7,8 @@ running. The aggregates refresh runs only when `joined_clicks` has a version its
 reach, and never while a blocking check of joined_clicks has failed at its latest evaluation (the
 checks gate what is built on it); its run key names that version (and a try number, should a run for it
 fail). The table checks run when the tables changed since the last ones: on their cadence, and at once
-when the pipeline is idle (`tables_busy`). Check and maintenance runs are numbered.
+when the pipeline is idle (`tables_busy`: no run in flight and every log line cut). Check and maintenance
+runs are numbered.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import dagster as dg
 from photon_assets.checks import failed_blocking_checks
 from photon_assets.jobs import CHECK_TABLES_JOB, REFRESH_AGGREGATES_JOB
 from photon_assets.maintenance import MAINTENANCE_JOB
-from photon_assets.work_unit import UNFINISHED, work_units_awaiting_retry
+from photon_assets.work_unit import UNFINISHED, bytes_behind_log_heads, work_units_awaiting_retry
 from resources.settings import PipelineSettings
-from resources.state.layout import DataLayout
+from resources.state.layout import STREAMS, DataLayout
 from sensors.dispatcher import MIN_INTERVAL_SECONDS, default_status, read_cursor, run_loggers, write_cursor
 from spark_ops.tables import latest_version, table_committed
 from spark_ops.verification import committed_version
@@ -37,13 +38,18 @@ def runs_in_flight(instance: dg.DagsterInstance, job_name: str) -> int:
     return instance.get_runs_count(dg.RunsFilter(job_name=job_name, statuses=list(UNFINISHED)))
 
 
-def tables_busy(instance: dg.DagsterInstance) -> bool:
-    """Whether a run that may still change the checked tables is queued or running, or a work unit awaits
-    its retry. Every run but a check run counts, not only the work units': a Materialize from the UI, a
-    refresh, maintenance. A check run created while one of them is in flight evaluates the tables before
-    its commit, and being the newest evaluation, it hides the checks of the latest materialization."""
+def tables_busy(instance: dg.DagsterInstance, layout: DataLayout) -> bool:
+    """Whether a run that may still change the checked tables is queued or running, a work unit awaits
+    its retry, or a log has complete lines no work unit holds yet. Every run but a check run counts, not
+    only the work units': a Materialize from the UI, a refresh, maintenance. A check run created while
+    one of them is in flight evaluates the tables before its commit, and being the newest evaluation, it
+    hides the checks of the latest materialization. The uncut lines make live logs busy between two
+    runs: checking in every such gap took a run every 25-50 s beside the click runs (a live `photon up`
+    of 2026-11-27), not every table_checks_every_seconds."""
     unfinished = instance.get_runs(dg.RunsFilter(statuses=list(UNFINISHED)))
-    return any(run.job_name != CHECK_TABLES_JOB for run in unfinished) or bool(work_units_awaiting_retry(instance))
+    if any(run.job_name != CHECK_TABLES_JOB for run in unfinished) or work_units_awaiting_retry(instance):
+        return True
+    return any(bytes_behind_log_heads(layout, dc, stream) for dc in layout.datacenters() for stream in STREAMS)
 
 
 def refreshed_version(instance: dg.DagsterInstance) -> int:
@@ -101,7 +107,7 @@ def table_checker(data_dir: str) -> dg.SensorDefinition:
         minimum_interval_seconds=MIN_INTERVAL_SECONDS,
         default_status=default_status(),
         description="Runs every whole-table check when the output tables changed since the last ones: at most "
-        "every table_checks_every_seconds, and at once when no other run is in flight.",
+        "every table_checks_every_seconds, and at once when idle: no other run in flight, every log line cut.",
     )
     def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
         # A first tick counts the cadence from now: checks due at once would start beside whatever
@@ -113,7 +119,7 @@ def table_checker(data_dir: str) -> dg.SensorDefinition:
         if runs_in_flight(context.instance, CHECK_TABLES_JOB):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="a check run is queued or running")
         wait = cursor["requested_at"] + settings.table_checks_every_seconds - time.time()
-        if wait > 0 and tables_busy(context.instance):
+        if wait > 0 and tables_busy(context.instance, DataLayout(Path(data_dir))):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next checks in {wait:.0f} s, or when idle")
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"checks.{cursor['requested']}", run_config=run_loggers(),

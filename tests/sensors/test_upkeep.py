@@ -134,3 +134,20 @@ def test_a_run_without_a_work_unit_that_writes_the_tables_holds_the_checks_until
     instance.report_run_failed(ui_run)  # finished: the pipeline is idle
     [request] = evaluate(sensor, instance, cursor=checked_just_now, table_checks_every_seconds=300).run_requests
     assert request.run_key == "checks.1"
+
+
+def test_live_logs_hold_the_checks_to_their_cadence_between_runs(tmp_path, instance):
+    """Between two runs of a live pipeline no run is in flight, but its logs have lines no work unit
+    holds yet: the checks wait for their cadence rather than run in every such gap."""
+    sensor = table_checker(str(tmp_path))
+    commit_joined(tmp_path)
+    clicks = tmp_path / "logs" / "dc1" / "click"
+    clicks.mkdir(parents=True)
+    (clicks / "clicks-0.jsonl").write_text('{"click_id": "c1"}\n')
+    checked_just_now = write_cursor({"requested_at": time.time(), "versions": [], "requested": 1})
+    held = evaluate(sensor, instance, cursor=checked_just_now, table_checks_every_seconds=300)
+    assert held.run_requests == [] and "or when idle" in held.skip_reason.skip_message
+    # Only a torn last line left (no newline yet): every complete line is cut, the pipeline is idle.
+    (clicks / "clicks-0.jsonl").write_text('{"click_id": "c1"')
+    [request] = evaluate(sensor, instance, cursor=checked_just_now, table_checks_every_seconds=300).run_requests
+    assert request.run_key == "checks.1"
