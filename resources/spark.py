@@ -46,6 +46,8 @@ def delta_jars(jars_dir: Path = DEFAULT_JARS_DIR) -> list[str]:
 # under it; the whole pipeline (JVM, Python, registry service with the EventStore's memory tier) is
 # meant to stay within 4 GiB (benchmarks/run.py live measures it).
 DRIVER_MEMORY = "2g"
+# The default pool's jobs scheduled FAIR, not FIFO (the file says why).
+SCHEDULER_POOLS_FILE = Path(__file__).with_name("spark_pools.xml")
 
 
 # Columns with a value per row: Parquet fills a dictionary for each until it outgrows its page and falls
@@ -81,6 +83,10 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.databricks.delta.stats.collect": "true",
         "spark.sql.adaptive.enabled": "true",
+        # Concurrent runs share the cores job by job (spark_pools.xml): under FIFO, a click run's
+        # jobs waited behind every task a query append or a compaction had queued first.
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(SCHEDULER_POOLS_FILE),
         # CPU, not memory, is what 2 cores lack (benchmarks/run.py backlog, profiled with JFR):
         # compressing persisted frames (a query unit's parsed lines, the EventStore's matches) took
         # 12% of the JVM's samples, twice the time of caching them uncompressed; and

@@ -13,3 +13,15 @@ def test_jvm_options_from_the_environment_reach_the_driver_and_executors_in_both
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         assert local_conf()[key] == "-XX:TieredStopAtLevel=1"
         assert f"{key}=-XX:TieredStopAtLevel=1" in server_command(15002)
+
+
+def test_both_modes_schedule_the_default_pool_fair():
+    """A Connect client cannot pick a pool, so every run's jobs share the default pool, and FAIR inside
+    it is what lets a click run's jobs take the next free core beside another run's big job."""
+    import xml.etree.ElementTree as ET
+
+    for conf in (local_conf(), dict(arg.split("=", 1) for arg in server_command(15002) if "=" in arg and arg.startswith("spark."))):
+        assert conf["spark.scheduler.mode"] == "FAIR"
+        pools = ET.parse(conf["spark.scheduler.allocation.file"]).getroot()
+        [default] = [pool for pool in pools.iter("pool") if pool.get("name") == "default"]
+        assert default.findtext("schedulingMode") == "FAIR"
