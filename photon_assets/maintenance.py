@@ -4,12 +4,16 @@ Per datacenter: the durable tier's queries older than its retention leave `query
 boundary has passed the oldest one held. A table's small files (a pass appends one or two per table)
 are compacted once it holds `maintenance_compact_at_files`, at most
 `maintenance_compact_tables_per_run` tables a run, those with the most files first: a run that compacts
-every table at once holds a `photon run`'s passes for a minute. `pending_clicks` is compacted by
+every table at once holds a `photon run`'s passes for a minute. `query_logs` is not compacted: its
+rows leave it by eviction within `query_cache_retention_seconds`, and compacting it rewrote every
+query of the last minutes in one task (~90 MB at 10,000 queries/s: a core for 90 s, the click runs
+beside it three times slower; a live `photon up` of 2026-11-27). `pending_clicks` is compacted by
 rewriting each datacenter's records down to the current ones (spark_ops/pending.py), the others by
-`OPTIMIZE` (and `pending_clicks` too if that left as many files). A table this run removed files
-from has the files no version younger than `query_cache_vacuum_retain_hours` needs deleted (`VACUUM`):
-a run reading an older snapshot keeps its files. Files removed by retries and recovery go with the
-table's next compaction. Each command costs seconds even with nothing to do, hence the conditions.
+`OPTIMIZE` (and `pending_clicks` too if that left as many files). The files a run removes (evicted or
+compacted away) are noted (resources/state/sidecars.py: Removals) and deleted by a `VACUUM` of their
+table once no version younger than `query_cache_vacuum_retain_hours` needs them: a run reading an
+older snapshot keeps its files. Files removed by retries and recovery go with the table's next such
+`VACUUM`. Each command costs seconds even with nothing to do, hence the conditions.
 """
 
 import time
@@ -20,6 +24,7 @@ import deltalake
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.settings import PipelineSettings
+from resources.state.sidecars import Removals, locked, write_document
 from resources.spark import SparkResource
 from resources.storage import WarehouseResource
 from spark_ops.event_store import evict_from_cache
@@ -28,9 +33,9 @@ from spark_ops.pending import compact_pending
 from spark_ops.tables import delta_path, table_committed, table_lock, vacuum
 
 MAINTENANCE_JOB = "maintain_tables"
-# Small files are compacted where the passes add them; click_aggregates is rewritten by its refreshes.
-COMPACTED = ("query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "pending_clicks",
-             "quarantined_lines")
+# Small files are compacted where the passes add them; click_aggregates is rewritten by its refreshes,
+# query_logs by its eviction (the module docstring).
+COMPACTED = ("log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "pending_clicks", "quarantined_lines")
 
 
 def evict_durable_tier(spark, warehouse: WarehouseResource, settings: PipelineSettings, dc: str, now_us: int) -> int:
@@ -69,7 +74,7 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
         tables = warehouse.tables()
         now_us = time.time_ns() // 1000
         done: dict = {"queries_evicted": {}, "pending_records": {}, "compacted": [], "vacuumed": []}
-        removed_from = set()  # tables this run left unreferenced files in
+        removed_from = set()  # tables this run removed files from
         for dc in warehouse.layout.datacenters():
             done["queries_evicted"][dc] = evict_durable_tier(session, warehouse, settings, dc, now_us)
             if done["queries_evicted"][dc]:
@@ -94,9 +99,17 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
                 done["compacted"].append(name)
                 removed_from.add(name)
         meter.phase("optimize")
-        for name in COMPACTED:
-            if name in removed_from:
-                vacuum(session, tables[name], settings.query_cache_vacuum_retain_hours)
+        removals_file, retain_hours = warehouse.layout.removals_file, settings.query_cache_vacuum_retain_hours
+        with locked(removals_file):
+            removals = Removals.load(removals_file)
+            for name in sorted(removed_from):
+                removals.add(name, time.time())  # after their commits: no earlier than Delta's own time
+            write_document(removals_file, removals.as_json())
+            for name in removals.due(retain_hours, time.time()):
+                began = time.time()
+                vacuum(session, tables[name], retain_hours)
+                removals.vacuumed(name, retain_hours, began)
+                write_document(removals_file, removals.as_json())
                 done["vacuumed"].append(name)
         meter.phase("vacuum")
         cost = meter.metadata()

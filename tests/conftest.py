@@ -27,6 +27,7 @@ QUICK = (
     "tests/resources/registry/test_shards.py",
     "tests/resources/registry/test_work_claims.py",
     "tests/resources/state/test_watermark.py",
+    "tests/resources/state/test_sidecars.py",
     "tests/resources/event_store/test_memory_tier.py",
     "tests/resources/event_store/test_tail_segments.py",
     "tests/resources/state/test_work_unit_log.py",

@@ -67,6 +67,11 @@ class DataLayout:
         return self.root / "state" / "streams" / dc / "query_cache.json"
 
     @property
+    def removals_file(self) -> Path:
+        """When table maintenance removed files from each table, until they are vacuumed (photon_assets/maintenance.py)."""
+        return self.root / "state" / "maintenance" / "removals.json"
+
+    @property
     def staging(self) -> Path:
         return self.root / "staging"
 

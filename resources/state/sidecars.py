@@ -5,7 +5,8 @@ file each under the data directory (resources/state/layout.py), written atomical
 The documents: the query stream's progress, the query tail and the cache bounds
 (resources/event_store/progress.py), the pending digest (spark_ops/pending.py), and here each
 stream's event-time watermark (EventTimeWatermark): a low watermark of the event times ingested;
-pacing holds click lines ahead of the query stream's.
+pacing holds click lines ahead of the query stream's; and the removals table maintenance has yet to
+vacuum (Removals).
 """
 from __future__ import annotations
 
@@ -111,3 +112,28 @@ class EventTimeWatermark(Document):
             mark.watermark_us = value if mark.watermark_us is None else max(mark.watermark_us, value)
             write_document(path, mark.as_json())
             return mark
+
+
+@dataclass
+class Removals(Document):
+    """When table maintenance (photon_assets/maintenance.py, its only writer) removed files from each
+    table, epoch seconds, oldest first, until a VACUUM has deleted them. A VACUUM deletes only files
+    removed longer ago than its retention, so one run right after a compaction deleted nothing and
+    still listed the table (3 s idle, 18-52 s beside a live pipeline); it waits until one is due."""
+
+    removed_at: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, table: str, at: float) -> None:
+        self.removed_at.setdefault(table, []).append(at)
+
+    def due(self, retain_hours: int, now: float) -> list[str]:
+        """The tables with a removal older than `retain_hours`, which a VACUUM now would delete."""
+        return sorted(t for t, times in self.removed_at.items() if times and times[0] <= now - retain_hours * 3600)
+
+    def vacuumed(self, table: str, retain_hours: int, at: float) -> None:
+        """A VACUUM begun at `at` deleted the removals older than `retain_hours` before it."""
+        left = [t for t in self.removed_at.get(table, []) if t > at - retain_hours * 3600]
+        if left:
+            self.removed_at[table] = left
+        else:
+            self.removed_at.pop(table, None)

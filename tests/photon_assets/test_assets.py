@@ -225,8 +225,8 @@ def test_the_aggregates_check_compares_with_the_version_the_last_refresh_names(d
 
 
 def test_table_maintenance_evicts_the_durable_tier_and_deletes_unreferenced_files(data_dir):
-    """One table compacted a run, the one with the most files; the files evicted or compacted away
-    are deleted."""
+    """One table compacted a run, the one with the most files, never the durable tier (its eviction
+    rewrites it); the files evicted or compacted away are deleted."""
     second = 1_000_000
     t0 = 1_700_000_000 * second
     settings = PipelineSettings(query_cache_retention_seconds=60, query_cache_vacuum_retain_hours=0,
@@ -246,16 +246,18 @@ def test_table_maintenance_evicts_the_durable_tier_and_deletes_unreferenced_file
 
         first = maintain()
         # The boundary (t0 + 40 s) passed the four queries before it, the whole first file; the
-        # durable tier keeps two files, the log file map has three: it is compacted first.
+        # durable tier keeps two files, the log file map has three: it is compacted.
         assert (first["queries_evicted"], first["compacted"]) == ({"dc1": 4}, ["log_file_map"])
+        assert first["vacuumed"] == ["log_file_map", "query_logs"]  # retained for 0 hours: at once
         second_run = maintain()
-        assert (second_run["queries_evicted"], second_run["compacted"]) == ({"dc1": 0}, ["query_logs"])
+        assert (second_run["queries_evicted"], second_run["compacted"], second_run["vacuumed"]) == ({"dc1": 0}, [], [])
     spark = SparkResource.local(shuffle_partitions=2, driver_memory="2g").session()
-    query_logs = data_dir / "warehouse" / "query_logs"
-    live = {p.split("/")[-1] for p in spark.read.format("delta").load(str(query_logs)).inputFiles()}
-    assert len(live) == 1  # compacted
-    on_disk = {p.name for p in query_logs.rglob("*.parquet") if "_delta_log" not in p.parts}
-    assert on_disk == live  # the evicted and compacted files are gone
+    for table, files in (("query_logs", 2), ("log_file_map", 1)):
+        path = data_dir / "warehouse" / table
+        live = {p.split("/")[-1] for p in spark.read.format("delta").load(str(path)).inputFiles()}
+        assert len(live) == files
+        on_disk = {p.name for p in path.rglob("*.parquet") if "_delta_log" not in p.parts}
+        assert on_disk == live  # the evicted and compacted files are gone
 
 
 def test_checks_fail_and_report_counts_when_an_id_is_lost(data_dir):
