@@ -24,8 +24,8 @@ import deltalake
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.settings import PipelineSettings
-from resources.state.sidecars import Removals, locked, write_document
 from resources.spark import SparkResource
+from resources.state.sidecars import Removals, locked, write_document
 from resources.storage import WarehouseResource
 from spark_ops.event_store import evict_from_cache
 from spark_ops.meter import count_commit, metered
