@@ -25,7 +25,7 @@ from photon_assets.jobs import OFF_CLICK_PATH_TAGS
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.settings import PipelineSettings
 from resources.spark import SparkResource
-from resources.state.sidecars import Removals, locked, write_document
+from resources.state.sidecars import Removals
 from resources.storage import WarehouseResource
 from spark_ops.event_store import evict_from_cache
 from spark_ops.meter import count_commit, metered
@@ -100,17 +100,16 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
                 removed_from.add(name)
         meter.phase("optimize")
         removals_file, retain_hours = warehouse.layout.removals_file, settings.query_cache_vacuum_retain_hours
-        with locked(removals_file):
-            removals = Removals.load(removals_file)
-            for name in sorted(removed_from):
-                removals.add(name, time.time())  # after their commits: no earlier than Delta's own time
-            write_document(removals_file, removals.as_json())
-            for name in removals.due(retain_hours, time.time()):
-                began = time.time()
-                vacuum(session, tables[name], retain_hours)
-                removals.vacuumed(name, retain_hours, began)
-                write_document(removals_file, removals.as_json())
-                done["vacuumed"].append(name)
+        removals = Removals.load(removals_file)  # one maintenance run at a time (sensors/upkeep.py)
+        for name in sorted(removed_from):
+            removals.add(name, time.time())  # after their commits: no earlier than Delta's own time
+        removals.save(removals_file)
+        for name in removals.due(retain_hours, time.time()):
+            began = time.time()
+            vacuum(session, tables[name], retain_hours)
+            removals.vacuumed(name, retain_hours, began)
+            removals.save(removals_file)
+            done["vacuumed"].append(name)
         meter.phase("vacuum")
         cost = meter.metadata()
     context.log.info(f"table maintenance: {done}")
