@@ -3,6 +3,7 @@
 
 import time
 from functools import partial
+from pathlib import Path
 
 import dagster as dg
 import pydantic
@@ -29,7 +30,8 @@ from resources.state.sidecars import EventTimeWatermark
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import DurableTiers, EventStore
-from spark_ops.ingest import IngestStats, UnitOutput, ingest_clicks, stage_lines
+from spark_ops.beside import beside, settle_quietly
+from spark_ops.ingest import IngestStats, UnitOutput, line_stats, record_clicks, stage_lines
 from spark_ops.join import EVENT_STORE_COUNTS, ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import events
@@ -189,6 +191,35 @@ def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: Pendin
     }
 
 
+def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, settings: PipelineSettings,
+                tables: dict[str, str], policy: PendingPolicy, validity: TimestampValidity,
+                staging: Path) -> tuple[JoinInput, IngestStats]:
+    """A click run's clicks: its new lines, parsed, with the due pending clicks when query data for
+    them arrived; or, for a pending-click run, those alone. The new lines' ledger append is started
+    here, beside the join (`JoinInput.recorded`), which waits for it before writing output."""
+    pending_path = tables["pending_clicks"]
+    if config.kind == PENDING:
+        return JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due")), IngestStats()
+    parsed = stage_lines(session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(),
+                         settings.max_line_bytes, staging / "lines")
+    ingest = line_stats(staging / "lines", latest_valid_us=validity.latest_valid_us, watermark_us=EventTimeWatermark.load(
+        warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
+    output = UnitOutput(config.dc, config.work_unit, config.attempt, tables)
+    recorded = beside(session, partial(record_clicks, parsed, ingest, output), f"{config.work_unit}-ledger")
+    try:
+        # Pending clicks that query data arrived for are retried here rather than by a run of
+        # their own: a live pass then pays one click run's fixed cost, not two.
+        retrying = pending_retry_decision(
+            PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)),
+            known_query_progress(*warehouse.layout.query_progress_files(config.dc)), settings.unjoinable_after_seconds,
+        ).ready
+        due = policy.due(session, pending_path, config.dc, staging / "due") if retrying else None
+    except BaseException:
+        settle_quietly(recorded)
+        raise
+    return JoinInput(events(parsed), due, recorded), ingest
+
+
 def join_pass(
     config: WorkUnitConfig,
     session,
@@ -200,7 +231,6 @@ def join_pass(
 ) -> tuple[IngestStats, JoinStats, PendingDigest]:
     """One click work unit: its new lines parsed and recorded in the ledger, joined with the due
     pending clicks, and what is still pending summed up for the sensors."""
-    ingest = IngestStats()
     staging = warehouse.staging_dir(config.work_unit, config.attempt)
     # Read before the EventStore's tables: the progress never claims more than they hold.
     progress = QueryProgress.load(warehouse.layout.query_progress_file(config.dc))
@@ -208,26 +238,17 @@ def join_pass(
     validity = TimestampValidity.of(config.clock(), settings.future_tolerance_seconds,
                                     settings.before_query_tolerance_seconds)
     pending_path = tables["pending_clicks"]
-    if config.kind == PENDING:
-        work = JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due"))
-    else:
-        parsed = stage_lines(session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(),
-                             settings.max_line_bytes, staging / "lines")
-        ingest = ingest_clicks(parsed, staging / "lines", UnitOutput(config.dc, config.work_unit, config.attempt, tables),
-                               validity.latest_valid_us,
-                               EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
-        # Pending clicks that query data arrived for are retried here rather than by a run of
-        # their own: a live pass then pays one click run's fixed cost, not two.
-        retrying = pending_retry_decision(
-            PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)),
-            known_query_progress(*warehouse.layout.query_progress_files(config.dc)), settings.unjoinable_after_seconds,
-        ).ready
-        work = JoinInput(events(parsed), policy.due(session, pending_path, config.dc, staging / "due") if retrying else None)
-    meter.phase("parse_and_ledger")
-    unit = ClickPass(session, registry.get(), event_store(session, tables, warehouse, config.dc, settings), policy,
-                     config.token, config.attempt, config.dc, staging, tables, adapter=load_adapter(settings.adapter),
-                     checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
-                     validity=validity, max_clicks_per_query=settings.max_clicks_per_query)
+    work = None
+    try:
+        work, ingest = _join_input(config, session, warehouse, settings, tables, policy, validity, staging)
+        meter.phase("parse")
+        unit = ClickPass(session, registry.get(), event_store(session, tables, warehouse, config.dc, settings), policy,
+                         config.token, config.attempt, config.dc, staging, tables, adapter=load_adapter(settings.adapter),
+                         checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
+                         validity=validity, max_clicks_per_query=settings.max_clicks_per_query)
+    except BaseException:
+        settle_quietly(work and work.recorded)  # the join, which waits for it otherwise, will not run
+        raise
     stats = join_work_unit(unit, work)
     meter.phase("join_total")
     digest = policy.digest(pending_path, config.dc)

@@ -164,13 +164,11 @@ def ingest_queries(parsed: DataFrame, path: Path, stats: IngestStats, unit: Unit
     return entries.num_rows
 
 
-def ingest_clicks(parsed: DataFrame, path: Path, unit: UnitOutput, latest_valid_us: int | None = None,
-                  watermark_us: int | None = None) -> IngestStats:
-    """Records a click work unit's staged lines (at `path`) in the ledger and quarantine."""
+def record_clicks(parsed: DataFrame, stats: IngestStats, unit: UnitOutput) -> None:
+    """Records a click work unit's staged lines in the ledger, and its bad ones (`stats` counts them:
+    line_stats) in quarantine."""
     unit.append(unit.with_unit(events(parsed)), "click_ledger")
-    stats = line_stats(path, latest_valid_us=latest_valid_us, watermark_us=watermark_us)
     _quarantine(parsed, stats, "click", unit)
-    return stats
 
 
 def _quarantine(parsed: DataFrame, stats: IngestStats, stream: str, unit: UnitOutput) -> None:

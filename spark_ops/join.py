@@ -16,7 +16,8 @@ into the unit's staging directory, with the counts the pass reports observed whi
 Misses the memory tier cannot vouch for (older than its horizon) are looked up in the durable and
 logs tiers (spark_ops/event_store.py) and judged and committed by a second job; a live stream has
 none.
-4. write: the winners appended to `joined_clicks` (their query line parsed into the output's struct
+4. write: once the unit's own ledger append, which runs beside steps 1-3 when the caller started it
+   so (JoinInput.recorded), has committed, the winners appended to `joined_clicks` (their query line parsed into the output's struct
    on the way) and `unjoinable_clicks` (merged on `click_id` by a retry: spark_ops/tables.py), then
    the pending clicks' records; once that output is durable, the token is cleared.
 A crash anywhere leaves a state from which the same work unit, retried, produces exactly the
@@ -28,6 +29,7 @@ from __future__ import annotations
 import importlib
 import shutil
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
@@ -41,6 +43,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from resources.registry.api import IdRegistry
+from spark_ops.beside import settle, settle_quietly
 from spark_ops.event_store import EventStore, EventStoreStats, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
@@ -220,10 +223,13 @@ class ClickPass:
 @dataclass
 class JoinInput:
     """A work unit's clicks: new log lines' events, and the due pending clicks it retries (their
-    `pending_clicks` records), either may be absent."""
+    `pending_clicks` records), either may be absent. `recorded`: the clicks' ledger append, started
+    beside the join (spark_ops/beside.py); the join waits for it before it writes any output, so a
+    unit's ledger rows are committed before its joins, as when it was appended first."""
 
     clicks: DataFrame | None
     retried: DataFrame | None = None
+    recorded: Future | None = None
 
 
 def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
@@ -233,9 +239,11 @@ def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
     staging = unit.staging
     staging.mkdir(parents=True, exist_ok=True)
     resolve = partial(_resolve, unit, stats=stats)
+    failed = True
     try:
         parts = [click_columns(df) for df in (work.clicks, work.retried) if df is not None]
         if not parts:
+            failed = False
             return stats
         clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         looked = _looked(unit, clicks)
@@ -243,6 +251,7 @@ def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
         outcomes = resolve(looked, None, staging / "outcomes")
         mark = stats.timed("lookup_judge_commit", mark)
         if stats.looked_up == 0:
+            failed = False
             return stats
         if stats.beyond_memory:
             beyond = outcomes.where(F.col("state") == BEYOND_MEMORY)
@@ -254,6 +263,8 @@ def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
         stats.delay_seconds = join_delays(joins)
         unit.checkpoint("after_registry_commit")
 
+        settle(work.recorded)
+        mark = stats.timed("ledger_wait", mark)
         _write(unit, outcomes, work.retried, stats)
         stats.latency_seconds = output_latency(joins, time.time())
         mark = stats.timed("write", mark)
@@ -263,9 +274,13 @@ def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
         unit.registry.clear_tokens(unit.token)
         stats.timed("clear_tokens", mark)
         unit.checkpoint("after_clear_tokens")
+        failed = False
         return stats
     finally:
         unit.event_store.release()
+        # The ledger append reads the staged lines: it ends before they are deleted, and a run that
+        # returns has it committed (its error, if any, is the run's; a failing join's own comes first).
+        (settle_quietly if failed else settle)(work.recorded)
         shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -1,5 +1,8 @@
 """The joiner's exactly-once guarantees, on real Spark, Delta and DuckDB, at each crash point."""
 
+import time
+from functools import partial
+
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
@@ -8,6 +11,7 @@ from resources.event_store.memory_tier import PIECE_SCHEMA, Holding
 from resources.event_store.progress import QueryProgress, WriterProgress
 from resources.registry.shards import ShardedIdRegistry
 from resources.state.layout import TABLES
+from spark_ops.beside import beside
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.ingest import UnitOutput, ingest_queries, line_stats, stage_lines, stage_queries
 from spark_ops.join import CAPPED_REASON, CRASH_POINTS, ClickPass, JoinInput, join_work_unit, window_advice
@@ -114,6 +118,33 @@ def test_crash_then_retry_equals_a_clean_run(world, point):
     # Once more, as a restart from old offsets would: nothing changes.
     again = run(world, attempt=3)
     assert joined_ids(world) == sorted(JOINABLE) and again.joined == 0 and again.skipped_registered == 7
+
+
+def test_outputs_wait_for_the_ledger_append_beside_the_join_and_fail_with_it(world):
+    """The click ledger's append runs beside the join (JoinInput.recorded): no output is written
+    before it commits, and when it fails the join fails with its error, leaving a retryable state."""
+    spark, tables = world["spark"], world["tables"]
+    ledger = UnitOutput("dc1", "dc1.click.0", 1, tables)
+    appended = []
+
+    def slow_then_failing_append():
+        time.sleep(2)  # longer than the lookup and registry commit take here: the join must wait
+        appended.append(read_table(spark, "joined_clicks", tables["joined_clicks"]).count())
+        raise Crash("ledger append")
+
+    unit = ClickPass(spark, world["registry"], event_store(world), policy(world), "dc1.click.0", 1, "dc1",
+                     world["tmp"] / "staging" / "dc1.click.0", tables)
+    with pytest.raises(Crash, match="ledger append"):
+        join_work_unit(unit, JoinInput(world["clicks"], recorded=beside(spark, slow_then_failing_append, "ledger")))
+    assert appended == [0]  # nothing joined was written while the ledger was not committed
+    assert read_table(spark, "joined_clicks", tables["joined_clicks"]).count() == 0
+
+    committed = beside(spark, partial(ledger.append, ledger.with_unit(world["clicks"]), "click_ledger"), "ledger")
+    retried = join_work_unit(ClickPass(spark, world["registry"], event_store(world), policy(world), "dc1.click.0", 2,
+                                       "dc1", world["tmp"] / "staging" / "dc1.click.0", tables),
+                             JoinInput(world["clicks"], recorded=committed))
+    assert joined_ids(world) == sorted(JOINABLE) and retried.refused == 0
+    assert read_table(spark, "click_ledger", tables["click_ledger"]).count() == len(CLICKS)
 
 
 def test_another_work_unit_is_skipped_by_lookup_and_refused_by_commit(world):
