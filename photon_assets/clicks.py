@@ -196,7 +196,7 @@ def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, s
                 staging: Path) -> tuple[JoinInput, IngestStats]:
     """A click run's clicks: its new lines, parsed, with the due pending clicks when query data for
     them arrived; or, for a pending-click run, those alone. The new lines' ledger append is started
-    here, beside the join (`JoinInput.recorded`), which waits for it before writing output."""
+    here, beside the join (`JoinInput.recorded`), which waits for it before its registry commit."""
     pending_path = tables["pending_clicks"]
     if config.kind == PENDING:
         return JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due")), IngestStats()

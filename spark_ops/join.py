@@ -16,10 +16,12 @@ into the unit's staging directory, with the counts the pass reports observed whi
 Misses the memory tier cannot vouch for (older than its horizon) are looked up in the durable and
 logs tiers (spark_ops/event_store.py) and judged and committed by a second job; a live stream has
 none.
-4. write: once the unit's own ledger append, which runs beside steps 1-3 when the caller started it
-   so (JoinInput.recorded), has committed, the winners appended to `joined_clicks` (their query line parsed into the output's struct
+4. write: the winners appended to `joined_clicks` (their query line parsed into the output's struct
    on the way) and `unjoinable_clicks` (merged on `click_id` by a retry: spark_ops/tables.py), then
    the pending clicks' records; once that output is durable, the token is cleared.
+The unit's ledger append may run beside the plan's building (JoinInput.recorded); the commit waits
+for it, so every id a unit registers has its ledger row, recovery's source when the unit never
+writes its output (spark_ops/verification.py).
 A crash anywhere leaves a state from which the same work unit, retried, produces exactly the
 output a clean run would have (see tests/spark_ops/test_join.py for each crash point).
 """
@@ -224,8 +226,9 @@ class ClickPass:
 class JoinInput:
     """A work unit's clicks: new log lines' events, and the due pending clicks it retries (their
     `pending_clicks` records), either may be absent. `recorded`: the clicks' ledger append, started
-    beside the join (spark_ops/beside.py); the join waits for it before it writes any output, so a
-    unit's ledger rows are committed before its joins, as when it was appended first."""
+    beside the join (spark_ops/beside.py); the join waits for it before its registry commit, so a
+    unit's ledger rows are committed before any of its ids is registered, as when it was appended
+    first: recovery re-injects a lost id from its ledger row."""
 
     clicks: DataFrame | None
     retried: DataFrame | None = None
@@ -247,6 +250,9 @@ def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
             return stats
         clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         looked = _looked(unit, clicks)
+        mark = stats.timed("lookup_plan", mark)
+        settle(work.recorded)
+        mark = stats.timed("ledger_wait", mark)
         unit.checkpoint("before_registry_commit")
         outcomes = resolve(looked, None, staging / "outcomes")
         mark = stats.timed("lookup_judge_commit", mark)
@@ -263,8 +269,6 @@ def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
         stats.delay_seconds = join_delays(joins)
         unit.checkpoint("after_registry_commit")
 
-        settle(work.recorded)
-        mark = stats.timed("ledger_wait", mark)
         _write(unit, outcomes, work.retried, stats)
         stats.latency_seconds = output_latency(joins, time.time())
         mark = stats.timed("write", mark)

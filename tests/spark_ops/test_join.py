@@ -120,29 +120,30 @@ def test_crash_then_retry_equals_a_clean_run(world, point):
     assert joined_ids(world) == sorted(JOINABLE) and again.joined == 0 and again.skipped_registered == 7
 
 
-def test_outputs_wait_for_the_ledger_append_beside_the_join_and_fail_with_it(world):
-    """The click ledger's append runs beside the join (JoinInput.recorded): no output is written
-    before it commits, and when it fails the join fails with its error, leaving a retryable state."""
-    spark, tables = world["spark"], world["tables"]
+def test_the_registry_commit_waits_for_the_ledger_append_beside_the_join_and_fails_with_it(world):
+    """The click ledger's append runs beside the join (JoinInput.recorded): no id is registered, and
+    no output written, before it commits (recovery re-injects a lost id from its ledger row), and
+    when it fails the join fails with its error, leaving a retryable state."""
+    spark, tables, registry = world["spark"], world["tables"], world["registry"]
     ledger = UnitOutput("dc1", "dc1.click.0", 1, tables)
-    appended = []
+    seen = []
 
     def slow_then_failing_append():
-        time.sleep(2)  # longer than the lookup and registry commit take here: the join must wait
-        appended.append(read_table(spark, "joined_clicks", tables["joined_clicks"]).count())
+        time.sleep(2)  # longer than building the lookup's plan takes here: the commit must wait
+        seen.append(registry.stats()["total"]["ids_registered"])
         raise Crash("ledger append")
 
-    unit = ClickPass(spark, world["registry"], event_store(world), policy(world), "dc1.click.0", 1, "dc1",
-                     world["tmp"] / "staging" / "dc1.click.0", tables)
+    def unit(attempt):
+        return ClickPass(spark, registry, event_store(world), policy(world), "dc1.click.0", attempt, "dc1",
+                         world["tmp"] / "staging" / "dc1.click.0", tables)
+
     with pytest.raises(Crash, match="ledger append"):
-        join_work_unit(unit, JoinInput(world["clicks"], recorded=beside(spark, slow_then_failing_append, "ledger")))
-    assert appended == [0]  # nothing joined was written while the ledger was not committed
+        join_work_unit(unit(1), JoinInput(world["clicks"], recorded=beside(spark, slow_then_failing_append, "ledger")))
+    assert seen == [0] and registry.stats()["total"]["ids_registered"] == 0
     assert read_table(spark, "joined_clicks", tables["joined_clicks"]).count() == 0
 
     committed = beside(spark, partial(ledger.append, ledger.with_unit(world["clicks"]), "click_ledger"), "ledger")
-    retried = join_work_unit(ClickPass(spark, world["registry"], event_store(world), policy(world), "dc1.click.0", 2,
-                                       "dc1", world["tmp"] / "staging" / "dc1.click.0", tables),
-                             JoinInput(world["clicks"], recorded=committed))
+    retried = join_work_unit(unit(2), JoinInput(world["clicks"], recorded=committed))
     assert joined_ids(world) == sorted(JOINABLE) and retried.refused == 0
     assert read_table(spark, "click_ledger", tables["click_ledger"]).count() == len(CLICKS)
 
