@@ -204,19 +204,16 @@ def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, s
                          settings.max_line_bytes, staging / "lines")
     ingest = line_stats(staging / "lines", latest_valid_us=validity.latest_valid_us, watermark_us=EventTimeWatermark.load(
         warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
+    # Pending clicks that query data arrived for are retried here rather than by a run of
+    # their own: a live pass then pays one click run's fixed cost, not two.
+    retrying = pending_retry_decision(
+        PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)),
+        known_query_progress(*warehouse.layout.query_progress_files(config.dc)), settings.unjoinable_after_seconds,
+    ).ready
+    due = policy.due(session, pending_path, config.dc, staging / "due") if retrying else None
+    # Started last, so that nothing here can fail with it under way (join_pass guards the rest).
     output = UnitOutput(config.dc, config.work_unit, config.attempt, tables)
     recorded = beside(session, partial(record_clicks, parsed, ingest, output), f"{config.work_unit}-ledger")
-    try:
-        # Pending clicks that query data arrived for are retried here rather than by a run of
-        # their own: a live pass then pays one click run's fixed cost, not two.
-        retrying = pending_retry_decision(
-            PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)),
-            known_query_progress(*warehouse.layout.query_progress_files(config.dc)), settings.unjoinable_after_seconds,
-        ).ready
-        due = policy.due(session, pending_path, config.dc, staging / "due") if retrying else None
-    except BaseException:
-        settle_quietly(recorded)
-        raise
     return JoinInput(events(parsed), due, recorded), ingest
 
 
