@@ -1,8 +1,10 @@
 """Table maintenance, off the click path: what a pass would otherwise pay for now and then.
 
 Per datacenter: the durable tier's queries older than its retention leave `query_logs`, once its
-boundary has passed the oldest one held. A table's small files (a pass appends one or two per table)
-are compacted once it holds `maintenance_compact_at_files`, at most
+boundary has passed the oldest one held. A table's small files (a pass appends one or two per table;
+small: under resources/spark.py's SMALL_FILE_BYTES, which OPTIMIZE alone rewrites, so a compaction
+costs what was appended since the last one, not the whole table) are compacted once it holds
+`maintenance_compact_at_files` of them, at most
 `maintenance_compact_tables_per_run` tables a run, those with the most files first: a run that compacts
 every table at once holds a `photon run`'s passes for a minute. `query_logs` is not compacted: its
 rows leave it by eviction within `query_cache_retention_seconds`, and compacting it rewrote every
@@ -20,11 +22,13 @@ import time
 
 import dagster as dg
 import deltalake
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.settings import PipelineSettings
-from resources.spark import SparkResource
+from resources.spark import SMALL_FILE_BYTES, SparkResource
 from resources.state.sidecars import Removals
 from resources.storage import WarehouseResource
 from spark_ops.event_store import evict_from_cache
@@ -50,16 +54,20 @@ def evict_durable_tier(spark, warehouse: WarehouseResource, settings: PipelineSe
     return evicted
 
 
-def files_held(path: str) -> int:
-    """The data files a table's current version holds, from its log (deltalake, no Spark job)."""
-    return len(deltalake.DeltaTable(path).file_uris()) if table_committed(path) else 0
+def small_files_held(path: str) -> int:
+    """The small data files (those OPTIMIZE rewrites) a table's current version holds, from its log
+    (deltalake, no Spark job)."""
+    if not table_committed(path):
+        return 0
+    sizes = pa.table(deltalake.DeltaTable(path).get_add_actions()).column("size_bytes")
+    return pc.sum(pc.less(sizes, SMALL_FILE_BYTES)).as_py() or 0
 
 
 def to_compact(tables: dict[str, str], settings: PipelineSettings) -> list[str]:
-    """The tables this run compacts: those holding `maintenance_compact_at_files` files or more (each
+    """The tables this run compacts: those holding `maintenance_compact_at_files` small files or more (each
     command costs seconds even with nothing to do), the most files first, at most
     `maintenance_compact_tables_per_run`."""
-    files = {name: files_held(tables[name]) for name in COMPACTED}
+    files = {name: small_files_held(tables[name]) for name in COMPACTED}
     due = sorted((name for name in COMPACTED if files[name] >= settings.maintenance_compact_at_files),
                  key=lambda name: -files[name])
     return due[:settings.maintenance_compact_tables_per_run]
@@ -90,7 +98,7 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
         for name in due:
             path = tables[name]
             # pending_clicks was rewritten to its current records above: OPTIMIZE only if as many files are left.
-            if name == "pending_clicks" and files_held(path) < settings.maintenance_compact_at_files:
+            if name == "pending_clicks" and small_files_held(path) < settings.maintenance_compact_at_files:
                 continue
             with table_lock(path):
                 optimized = session.sql(f"OPTIMIZE {delta_path(path)}").collect()[0]["metrics"]

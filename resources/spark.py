@@ -46,6 +46,11 @@ def delta_jars(jars_dir: Path = DEFAULT_JARS_DIR) -> list[str]:
 # under it; the whole pipeline (JVM, Python, registry service with the EventStore's memory tier) is
 # meant to stay within 4 GiB (benchmarks/run.py live measures it).
 DRIVER_MEMORY = "2g"
+# A file Delta's OPTIMIZE rewrites: smaller than this (Delta's default, 1 GiB, rewrote every earlier
+# compaction of a growing table again in each one: a live click_ledger's took 8.9 s at minute 10 and
+# 12.8 s at minute 12, holding the table's lock, so a click run waited for it). Table maintenance counts
+# only such files toward its next compaction (photon_assets/maintenance.py).
+SMALL_FILE_BYTES = 16 * 1024 * 1024
 # The default pool's jobs scheduled FAIR, not FIFO (the file says why).
 SCHEDULER_POOLS_FILE = Path(__file__).with_name("spark_pools.xml")
 
@@ -96,6 +101,7 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         "spark.hadoop.parquet.enable.dictionary#ads.list.element.ad_id": "false",
         "spark.hadoop.parquet.enable.dictionary#query.ads.list.element.ad_id": "false",
         **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in UNIQUE_COLUMNS},
+        "spark.databricks.delta.optimize.minFileSize": str(SMALL_FILE_BYTES),
         # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's 7-day
         # default; click runs never read snapshots older than that.
         "spark.databricks.delta.retentionDurationCheck.enabled": "false",
