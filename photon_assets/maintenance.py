@@ -92,7 +92,7 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
             for dc in warehouse.layout.datacenters():
                 before, after = compact_pending(session, tables["pending_clicks"], dc)
                 done["pending_records"][dc] = {"before": before, "after": after}
-                if after < before:
+                if before:  # rewritten: its files removed
                     removed_from.add("pending_clicks")
         meter.phase("evict_and_compact_pending")
         for name in due:

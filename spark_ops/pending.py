@@ -27,7 +27,6 @@ import deltalake
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -37,8 +36,8 @@ from resources.state.sidecars import Document
 from spark_ops.event_store import event_id_parts
 from spark_ops.handoff import unstage
 from spark_ops.schemas import arrow_schema, literal_frame
-from spark_ops.tables import (TABLE_SCHEMAS, append, overwrite_where, read_table, sql_literal, table_committed,
-                              table_lock)
+from spark_ops.tables import (TABLE_SCHEMAS, append, overwrite_where, read_table, rows_held, sql_literal,
+                              table_committed, table_lock)
 
 PROGRESS_SCHEMA = T.StructType(
     [
@@ -279,17 +278,23 @@ def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataF
 
 
 def compact_pending(spark: SparkSession, path: str, dc: str) -> tuple[int, int]:
-    """Rewrites a datacenter's records down to its current pending clicks, under the table's lock
-    (nothing is appended meanwhile). Returns the records before and after."""
+    """Rewrites a datacenter's records down to its current pending clicks, in one Spark job, under
+    the table's lock (nothing is appended meanwhile). Returns the records before and after, from the
+    Delta log's file statistics: counting them with Spark, and caching the current ones to count them
+    before the overwrite, took two more jobs (a compaction held click runs' appends for ~10 s in a
+    live run at 1,000 clicks/s)."""
+    partition = f"dc = {sql_literal(dc)}"
+
+    def held() -> int:
+        rows = rows_held(path, dc=dc)
+        return read_table(spark, "pending_clicks", path).where(partition).count() if rows is None else rows
+
     with table_lock(path):
+        before = held()
+        if before == 0:
+            return 0, 0
+        # Delta reads the version the overwrite replaces: the files it removes are read before its commit.
         records = read_table(spark, "pending_clicks", path).where(F.col("dc") == dc)
-        before = records.count()
-        # Computed before the overwrite replaces the files it reads.
-        kept = current_pending(records).select(*COLUMNS).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            after = kept.count()
-            if after < before:
-                overwrite_where(kept, "pending_clicks", path, f"dc = {sql_literal(dc)}")
-        finally:
-            kept.unpersist()
+        overwrite_where(current_pending(records).select(*COLUMNS), "pending_clicks", path, partition)
+        after = held()
     return before, after

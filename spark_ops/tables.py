@@ -321,6 +321,16 @@ def latest_version(path: str) -> int:
     return deltalake.DeltaTable(path).version()
 
 
+def rows_held(path: str, **partition: str) -> int | None:
+    """The rows of the committed table's current version (of one partition, by its column's value),
+    from the file statistics in its Delta log (deltalake, no Spark job); None if a file has none."""
+    files = pa.table(deltalake.DeltaTable(path).get_add_actions(flatten=True))
+    for column, value in partition.items():
+        files = files.filter(pc.equal(files.column(f"partition.{column}"), value))
+    records = files.column("num_records")
+    return None if records.null_count else int(pc.sum(records).as_py() or 0)
+
+
 def latest_snapshot(spark: SparkSession, name: str, path: str) -> tuple[int, DataFrame]:
     """The table's latest version and a DataFrame pinned to it."""
     ensure_table(name, path)
