@@ -11,6 +11,12 @@ Components, each a process (group) of its own, each logging to `<data-dir>/state
 - a run server (photon/run_server.py): one warm process that imported Dagster, the code location and
   the Spark Connect client, forking a child per run (`ForkServerRunLauncher`, named by the instance's
   `dagster.yaml`): a run reaches its first Spark job without a new interpreter's imports;
+- a code server (`dagster api grpc`): the code location loaded once, which the daemon (sensor ticks)
+  and the webserver both query, through a workspace file naming it (`<data-dir>/state/up/workspace.yaml`).
+  Given a `python_module` workspace instead, each spawns a code server of its own, and the daemon
+  replaces its own every 60 s (Dagster's RELOAD_WORKSPACE_INTERVAL): at 1,000 clicks/s those reloads
+  cost ~29 % of a core of a two-core machine (a live `photon up` of 2026-11-28). Code changes take a
+  restart of `photon up`;
 - `dagster-daemon`, with the dispatchers running (they are stopped by default elsewhere), launching
   each run through the run server;
 - `dagster-webserver`, the UI.
@@ -20,7 +26,7 @@ A component that exits (but a query tailer) stops the whole deployment with a on
 SIGTERM (to `photon up` or to its whole process group, as a terminal or systemd sends it) stops it
 within 30 s: the daemon first (no new runs), then the runs in flight get GRACE_SECONDS to finish, and
 those left, running or queued, are killed and marked canceled (a stop, not an incident: their work
-units are retried at the next start, safe by the exactly-once machinery); then the run server, the UI,
+units are retried at the next start, safe by the exactly-once machinery); then the run server, the UI, the code server,
 Spark, the query tailers and last the registry service, so that nothing still running meets a
 component already stopped. A run cut short by a `photon up` killed with SIGKILL is marked failed when
 `photon up` (or `photon run`) next starts on the directory, its process killed first, and its work unit
@@ -34,6 +40,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,6 +176,7 @@ def wait_for_webserver(url: str, webserver: Component) -> None:
 
 
 RUN_SERVER_START_SECONDS = 60.0
+CODE_SERVER_START_SECONDS = 180.0  # loading the code location: imports and definitions, on two cores
 
 
 def wait_for_run_server(socket_path: Path, run_server: Component) -> None:
@@ -209,32 +217,65 @@ def start_spark_connect(layout: DataLayout, spark_master: str) -> tuple[Componen
     return start("spark-connect", server_command(spark_port, master=spark_master), layout, server_environment()), remote
 
 
-# The order a stop goes in (shut_down): no new runs, the runs, the UI, then Spark.
-STOP_ORDER = ("dagster-daemon", "run-server", "dagster-webserver", "spark-connect")
+def start_code_server(layout: DataLayout, env: dict[str, str]) -> tuple[Component, int, Path]:
+    """The deployment's code server, started (serving once wait_for_code_server returns), its port,
+    and the workspace file that points the daemon and the webserver at it."""
+    port = free_port()
+    server = start("code-server", [str(Path(sys.executable).parent / "dagster"), "api", "grpc", "--host", "127.0.0.1",
+                                   "--port", str(port), "--module-name", "definitions", "--working-directory",
+                                   str(REPO_ROOT), "--location-name", "photon"], layout, env)
+    workspace = up_dir(layout) / "workspace.yaml"
+    workspace.write_text("# Written by `photon up` at each start: the code server it started (photon/up.py).\n"
+                         "load_from:\n  - grpc_server:\n      host: 127.0.0.1\n"
+                         f"      port: {port}\n      location_name: photon\n")
+    return server, port, workspace
+
+
+def wait_for_code_server(port: int, server: Component) -> None:
+    """Returns once the code server accepts connections: it binds its port only after loading the
+    code location, so a daemon or webserver started then finds it loaded."""
+    deadline = time.monotonic() + CODE_SERVER_START_SECONDS
+    while True:
+        stop_if_exited(server.name, server.process, server.log)
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RunnerError(f"the code server did not serve within {CODE_SERVER_START_SECONDS:.0f} s; "
+                                  f"see {server.log}") from None
+            time.sleep(0.2)
+
+
+# The order a stop goes in (shut_down): no new runs, the runs, the UI and the code server, then Spark.
+STOP_ORDER = ("dagster-daemon", "run-server", "dagster-webserver", "code-server", "spark-connect")
 
 
 def start_components(layout: DataLayout, remote: str, port: int, components: list[Component],
                      log: logging.Logger) -> str:
-    """The run server, the webserver and the daemon, started beside Spark Connect (`components`' first;
-    each is seconds of JVM start or imports on two cores): only the daemon waits, for Spark to serve and
-    the run server to listen, since it launches runs at once. Adds each to `components`; returns the
-    UI's URL."""
+    """The run server, the code server, the webserver and the daemon, started beside Spark Connect
+    (`components`' first; each is seconds of JVM start or imports on two cores): the webserver and the
+    daemon wait for the code server, and the daemon for Spark to serve and the run server to listen,
+    since it launches runs at once. Adds each to `components`; returns the UI's URL."""
     spark = components[0]
     env = {**os.environ, SPARK_REMOTE_ENV: remote, SENSORS_RUNNING_ENV: "1"}
-    workspace = str(REPO_ROOT / "workspace.yaml")
     bin_dir = Path(sys.executable).parent
     # Runs are forks of the run server (photon/run_server.py), in its process group: stopped right
     # after the daemon (no new runs), before the UI and Spark.
     socket_path = run_server_socket(layout)
     run_server = start("run-server", [sys.executable, "-m", "photon.run_server", str(socket_path)], layout, env)
     components.append(run_server)
-    webserver = start("dagster-webserver", [str(bin_dir / "dagster-webserver"), "-w", workspace,
+    code_server, code_port, workspace = start_code_server(layout, env)
+    components.append(code_server)
+    wait_for_code_server(code_port, code_server)
+    webserver = start("dagster-webserver", [str(bin_dir / "dagster-webserver"), "-w", str(workspace),
                                             "-h", "127.0.0.1", "-p", str(port)], layout, env)
     components.append(webserver)
     wait_until_serving(remote, spark.process)
     log.info("Spark Connect server at %s", remote)
     wait_for_run_server(socket_path, run_server)
-    components.append(start("dagster-daemon", [str(bin_dir / "dagster-daemon"), "run", "-w", workspace], layout, env))
+    components.append(start("dagster-daemon", [str(bin_dir / "dagster-daemon"), "run", "-w", str(workspace)],
+                            layout, env))
     url = f"http://127.0.0.1:{port}"
     wait_for_webserver(url, webserver)
     return url
