@@ -40,7 +40,6 @@ import fcntl
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -57,7 +56,8 @@ from photon.runner import (
 )
 from photon.run_processes import kill_run_process, process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC, UNFINISHED
-from resources.runtime.spark_connect import free_port, server_command, server_environment, wait_until_serving
+from resources.runtime.spark_connect import (free_port, server_command, server_environment, wait_until_listening,
+                                             wait_until_serving)
 from resources.spark import SPARK_REMOTE_ENV
 from resources.state.layout import REPO_ROOT, DataLayout
 from sensors.dispatcher import SENSORS_RUNNING_ENV
@@ -234,17 +234,13 @@ def start_code_server(layout: DataLayout, env: dict[str, str]) -> tuple[Componen
 def wait_for_code_server(port: int, server: Component) -> None:
     """Returns once the code server accepts connections: it binds its port only after loading the
     code location, so a daemon or webserver started then finds it loaded."""
-    deadline = time.monotonic() + CODE_SERVER_START_SECONDS
-    while True:
-        stop_if_exited(server.name, server.process, server.log)
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RunnerError(f"the code server did not serve within {CODE_SERVER_START_SECONDS:.0f} s; "
-                                  f"see {server.log}") from None
-            time.sleep(0.2)
+    try:
+        wait_until_listening("127.0.0.1", port, lambda: stop_if_exited(server.name, server.process, server.log),
+                             CODE_SERVER_START_SECONDS, "the code server")
+    except RunnerError:  # it exited: stop_if_exited's line names it and its log
+        raise
+    except RuntimeError as error:  # the time ran out
+        raise RunnerError(f"{error}; see {server.log}") from None
 
 
 # The order a stop goes in (shut_down): no new runs, the runs, the UI and the code server, then Spark.

@@ -21,9 +21,6 @@ older snapshot keeps its files. Files removed by retries and recovery go with th
 import time
 
 import dagster as dg
-import deltalake
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
@@ -34,7 +31,7 @@ from resources.storage import WarehouseResource
 from spark_ops.event_store import evict_from_cache
 from spark_ops.meter import count_commit, metered
 from spark_ops.pending import compact_pending
-from spark_ops.tables import delta_path, table_committed, table_lock, vacuum
+from spark_ops.tables import delta_path, files_under, table_committed, table_lock, vacuum
 
 MAINTENANCE_JOB = "maintain_tables"
 # Small files are compacted where the passes add them; click_aggregates is rewritten by its refreshes,
@@ -55,12 +52,8 @@ def evict_durable_tier(spark, warehouse: WarehouseResource, settings: PipelineSe
 
 
 def small_files_held(path: str) -> int:
-    """The small data files (those OPTIMIZE rewrites) a table's current version holds, from its log
-    (deltalake, no Spark job)."""
-    if not table_committed(path):
-        return 0
-    sizes = pa.table(deltalake.DeltaTable(path).get_add_actions()).column("size_bytes")
-    return pc.sum(pc.less(sizes, SMALL_FILE_BYTES)).as_py() or 0
+    """The small data files (those OPTIMIZE rewrites) a table's current version holds."""
+    return files_under(path, SMALL_FILE_BYTES) if table_committed(path) else 0
 
 
 def to_compact(tables: dict[str, str], settings: PipelineSettings) -> list[str]:

@@ -289,12 +289,12 @@ def compact_pending(spark: SparkSession, path: str, dc: str) -> tuple[int, int]:
         rows = rows_held(path, dc=dc)
         return read_table(spark, "pending_clicks", path).where(partition).count() if rows is None else rows
 
-    with table_lock(path):
+    with table_lock(path):  # before the read: an append meanwhile would be overwritten unread
+        records = read_table(spark, "pending_clicks", path).where(partition)
         before = held()
         if before == 0:
             return 0, 0
         # Delta reads the version the overwrite replaces: the files it removes are read before its commit.
-        records = read_table(spark, "pending_clicks", path).where(F.col("dc") == dc)
         overwrite_where(current_pending(records).select(*COLUMNS), "pending_clicks", path, partition)
         after = held()
     return before, after

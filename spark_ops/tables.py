@@ -321,6 +321,13 @@ def latest_version(path: str) -> int:
     return deltalake.DeltaTable(path).version()
 
 
+def files_under(path: str, size_bytes: int) -> int:
+    """The data files of the committed table's current version smaller than `size_bytes`, from its
+    Delta log (deltalake, no Spark job)."""
+    sizes = pa.table(deltalake.DeltaTable(path).get_add_actions()).column("size_bytes")
+    return pc.sum(pc.less(sizes, size_bytes)).as_py() or 0
+
+
 def rows_held(path: str, **partition: str) -> int | None:
     """The rows of the committed table's current version (of one partition, by its column's value),
     from the file statistics in its Delta log (deltalake, no Spark job); None if a file has none."""

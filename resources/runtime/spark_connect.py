@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
@@ -56,16 +57,27 @@ def wait_until_serving(remote: str, server: subprocess.Popen | None, timeout_sec
     out. (A TCP probe, not a client: a gRPC client's threads would make the caller's later forks
     unsafe.)"""
     host, port = remote.removeprefix("sc://").split("/")[0].rsplit(":", 1)
-    deadline = time.monotonic() + timeout_seconds
-    while True:
+
+    def check_alive() -> None:
         if server is not None and server.poll() is not None:
             raise RuntimeError(f"the Spark Connect server exited with status {server.returncode} before serving")
+
+    wait_until_listening(host, int(port), check_alive, timeout_seconds, f"the Spark Connect server at {remote}")
+
+
+def wait_until_listening(host: str, port: int, check_alive: Callable[[], None], timeout_seconds: float,
+                         what: str) -> None:
+    """Returns once `host:port` accepts a TCP connection; `check_alive` raises if the server is gone.
+    Raises RuntimeError naming `what` when the time runs out."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        check_alive()
         try:
-            with socket.create_connection((host, int(port)), timeout=1):
+            with socket.create_connection((host, port), timeout=1):
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark Connect server at {remote} did not serve within {timeout_seconds:.0f} s")
+                raise RuntimeError(f"{what} did not serve within {timeout_seconds:.0f} s") from None
             time.sleep(0.2)
 
 
