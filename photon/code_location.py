@@ -24,6 +24,7 @@ from resources.settings import pipeline_settings
 from resources.spark import spark_resource_from_env
 from resources.state.layout import DATA_DIR_ENV, DataLayout
 from resources.storage import WarehouseResource
+from sensors.deps import SensorDeps
 from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.freshness import freshness_sensor
 from sensors.upkeep import aggregates_refresher, table_checker, table_maintainer
@@ -34,7 +35,9 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
     PHOTON_DATACENTERS, else every replica directory under the data directory's logs/)."""
     if datacenters is None:
         datacenters = DataLayout(Path(data_dir).resolve()).datacenters()
-    freshness = joined_clicks_freshness(pipeline_settings().joined_clicks_fresh_within_seconds)
+    settings = pipeline_settings()
+    freshness = joined_clicks_freshness(settings.joined_clicks_fresh_within_seconds)
+    deps = SensorDeps(settings, registry_resource_from_env(data_dir, resolved=True).get)
     return dg.Definitions(
         # The implicit asset job's runs (the freshness check's, Materialize in the UI) too: a process per
         # step (Dagster's default, multiprocess) cost them ~5 s of start each.
@@ -47,19 +50,19 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
             *[
                 sensor
                 for dc in datacenters
-                for sensor in (log_dispatcher(dc, "query", data_dir), log_dispatcher(dc, "click", data_dir),
-                               pending_dispatcher(dc, data_dir))
+                for sensor in (log_dispatcher(dc, "query", data_dir, deps), log_dispatcher(dc, "click", data_dir, deps),
+                               pending_dispatcher(dc, data_dir, deps))
             ],
-            aggregates_refresher(data_dir),
-            table_checker(data_dir),
-            table_maintainer(),
+            aggregates_refresher(data_dir, deps),
+            table_checker(data_dir, deps),
+            table_maintainer(deps),
             freshness_sensor(freshness),
         ],
         resources={
             "spark": spark_resource_from_env(),
             "warehouse": WarehouseResource(data_dir=data_dir),
             "registry": registry_resource_from_env(data_dir),
-            "settings": pipeline_settings(),
+            "settings": settings,
         },
     )
 

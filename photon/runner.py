@@ -333,7 +333,7 @@ def query_tailers(layout: DataLayout, datacenters: list[str], log: logging.Logge
 def datacenter_leases(layout: DataLayout, datacenters: list[str], log: logging.Logger):
     """These datacenters' leases in the registry (resources/registry/ownership.py), held while the pipeline
     runs: once one lapses, the other datacenters take over its share of the click lines."""
-    registry = registry_resource_from_env(str(layout.root)).get()
+    registry = registry_resource_from_env(str(layout.root), resolved=True).get()
     with leases_held(registry, datacenters, pipeline_settings().lease_seconds, log):
         yield
 

@@ -85,14 +85,16 @@ def registry_mode_from_env() -> str:
     return os.environ.get(MODE_ENV) or ("service" if os.environ.get(ADDRESS_ENV) else "embedded")
 
 
-def registry_resource_from_env(data_dir: str) -> IdRegistryResource:
+def registry_resource_from_env(data_dir: str, resolved: bool = False) -> IdRegistryResource:
     """The registry this deployment uses: the service at PHOTON_REGISTRY_ADDRESS if set (`photon
     run` sets it to the local service it starts), else the embedded one; PHOTON_REGISTRY_MODE
-    overrides the choice."""
-    address = os.environ.get(ADDRESS_ENV)
+    overrides the choice. The secret stays an `EnvVar` (out of the run configuration the UI shows)
+    unless `resolved`: Dagster resolves it only where it builds the resource for a run, so a caller
+    that uses the resource itself (the sensors, `photon run`'s leases) needs its value."""
+    secret = os.environ.get(SECRET_ENV) or None
     return IdRegistryResource(
         data_dir=data_dir,
         mode=registry_mode_from_env(),
-        address=address,
-        secret=dg.EnvVar(SECRET_ENV) if os.environ.get(SECRET_ENV) else None,
+        address=os.environ.get(ADDRESS_ENV),
+        secret=dg.EnvVar(SECRET_ENV) if secret and not resolved else secret,
     )

@@ -34,11 +34,11 @@ from photon_assets.work_unit import (
     work_units_in_flight,
 )
 from resources.event_store.progress import QueryTail, known_query_progress
-from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
+from sensors.deps import SensorDeps, sensor_instance
 from sensors.retries import plan_retries
 from spark_ops.pending import PendingDigest, RetryDecision, pending_retry_decision
 
@@ -203,7 +203,7 @@ def work_unit_bytes(stream: str, backlog_bytes: int, settings: PipelineSettings)
     return catch_up if catch_up > normal and backlog_bytes > CATCH_UP_AFTER_UNITS * normal else normal
 
 
-def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
+def log_dispatcher(dc: str, stream: str, data_dir: str, deps: SensorDeps) -> dg.SensorDefinition:
     job_name, _ = STREAM_JOBS[stream]
 
     @dg.sensor(
@@ -217,9 +217,8 @@ def log_dispatcher(dc: str, stream: str, data_dir: str) -> dg.SensorDefinition:
            "(pacing). With several replicas, only this datacenter's share of the click files, and the "
            "share of one whose lease lapsed (resources/registry/ownership.py)." if stream == "click" else ""),
     )
-    def _dispatcher(context: dg.SensorEvaluationContext, settings: PipelineSettings,
-                    registry: IdRegistryResource) -> dg.SensorResult:
-        maker = WorkUnitMaker(DataLayout(Path(data_dir)), dc, stream, registry.get, settings)
+    def _dispatcher(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        maker = WorkUnitMaker(DataLayout(Path(data_dir)), dc, stream, deps.registry, deps.settings)
         return dispatch(context, maker)
 
     return _dispatcher
@@ -273,7 +272,7 @@ def cut_now(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, log: Work
     """The new lines to cut this tick: none under back-pressure or while the query tailer makes the
     query runs wait for their cadence; click lines ahead of the query stream held back (pacing)."""
     dc, stream, settings, layout = maker.dc, maker.stream, maker.settings, maker.layout
-    in_flight = log_runs_in_flight(context.instance, dc, stream)
+    in_flight = log_runs_in_flight(sensor_instance(context), dc, stream)
     backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
     ranges = [] if backed_up else maker.new_ranges(log)
     tail = QueryTail.load(layout.query_tail_file(dc))
@@ -290,7 +289,7 @@ def cut_now(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, log: Work
                         f"tier every {settings.query_run_every_seconds:.0f} s")
     if stream != "click":
         return Held(ranges)
-    waiting = bool(ranges) and query_data_waiting(layout, dc, context.instance, tail)
+    waiting = bool(ranges) and query_data_waiting(layout, dc, sensor_instance(context), tail)
     pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time(),
                          query_watermark_file(layout, dc, tail))
     observations = []
@@ -309,7 +308,7 @@ def tick_result(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, reque
                 cursor: dict, held: Held) -> dg.SensorResult:
     """The tick's runs (the fresh units' and the retries due), its cursor, and why it skipped if it did."""
     dc, stream, settings = maker.dc, maker.stream, maker.settings
-    retries = plan_retries(context.instance, stream, dc, settings, maker.layout)
+    retries = plan_retries(sensor_instance(context), stream, dc, settings, maker.layout)
     requests = requests + retries.run_requests
     if retries.exhausted:
         context.log.error(f"work units failed {settings.max_attempts} times: {retries.exhausted}")
@@ -334,7 +333,7 @@ def pacing_observation(dc: str, holding: bool, ahead_seconds: float | None) -> d
     )
 
 
-def pending_dispatcher(dc: str, data_dir: str) -> dg.SensorDefinition:
+def pending_dispatcher(dc: str, data_dir: str, deps: SensorDeps) -> dg.SensorDefinition:
     @dg.sensor(
         name=f"pending_click_dispatcher_{dc}",
         job_name=JOIN_CLICKS_JOB,
@@ -344,17 +343,18 @@ def pending_dispatcher(dc: str, data_dir: str) -> dg.SensorDefinition:
         "that could hold their queries has arrived, within their backoff; never in a loop while no "
         "query data arrives.",
     )
-    def _pending(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
+    def _pending(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         cursor = read_cursor(context.cursor, retries=0)
+        instance = sensor_instance(context)
         # One retry of pending clicks at a time: a running one, or a failed one awaiting its own
         # retry (or a human), decides what is still pending.
         unfinished = sorted(
-            unit for unit in work_units_in_flight(context.instance) | work_units_failed_for_good(context.instance)
+            unit for unit in work_units_in_flight(instance) | work_units_failed_for_good(instance)
             if unit.startswith(f"{dc}.{PENDING}.")
         )
         if unfinished:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"pending-click retry {unfinished[0]} is not done")
-        decision = pending_retry(DataLayout(Path(data_dir)), dc, settings)
+        decision = pending_retry(DataLayout(Path(data_dir)), dc, deps.settings)
         if not decision.ready:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=decision.reason)
         context.log.info(f"retrying pending clicks of {dc}: {decision.reason}")

@@ -22,8 +22,8 @@ from photon_assets.checks import failed_blocking_checks
 from photon_assets.jobs import CHECK_TABLES_JOB, REFRESH_AGGREGATES_JOB
 from photon_assets.maintenance import MAINTENANCE_JOB
 from photon_assets.work_unit import UNFINISHED, bytes_behind_log_heads, work_units_awaiting_retry
-from resources.settings import PipelineSettings
 from resources.state.layout import STREAMS, DataLayout
+from sensors.deps import SensorDeps, sensor_instance
 from sensors.dispatcher import MIN_INTERVAL_SECONDS, default_status, read_cursor, run_loggers, write_cursor
 from spark_ops.tables import latest_version, table_committed
 from spark_ops.verification import committed_version
@@ -59,7 +59,7 @@ def refreshed_version(instance: dg.DagsterInstance) -> int:
     return -1 if value is None else int(value.value)
 
 
-def aggregates_refresher(data_dir: str) -> dg.SensorDefinition:
+def aggregates_refresher(data_dir: str, deps: SensorDeps) -> dg.SensorDefinition:
     @dg.sensor(
         name=AGGREGATES_SENSOR,
         job_name=REFRESH_AGGREGATES_JOB,
@@ -68,21 +68,22 @@ def aggregates_refresher(data_dir: str) -> dg.SensorDefinition:
         description="Refreshes click_aggregates with the rows joined since its last refresh, at most every "
         "aggregates_refresh_seconds (off the click path: a pass does not wait for it).",
     )
-    def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         cursor = read_cursor(context.cursor, requested_at=0.0, version=-1, tries=0)
+        instance = sensor_instance(context)
         joined = DataLayout(Path(data_dir)).table("joined_clicks")
         if not table_committed(joined):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="no joined clicks yet")
         version = latest_version(joined)
-        if refreshed_version(context.instance) >= version:
+        if refreshed_version(instance) >= version:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"up to date with joined_clicks version {version}")
-        if runs_in_flight(context.instance, REFRESH_AGGREGATES_JOB):
+        if runs_in_flight(instance, REFRESH_AGGREGATES_JOB):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="a refresh is queued or running")
-        failed = failed_blocking_checks(context.instance)
+        failed = failed_blocking_checks(instance)
         if failed:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=(
                 f"held: joined_clicks failed {', '.join(failed)}; the aggregates resume once its checks pass"))
-        wait = cursor["requested_at"] + settings.aggregates_refresh_seconds - time.time()
+        wait = cursor["requested_at"] + deps.settings.aggregates_refresh_seconds - time.time()
         if wait > 0:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next refresh in {wait:.0f} s")
         tries = cursor["tries"] + 1 if cursor["version"] == version else 1
@@ -100,7 +101,7 @@ def table_versions(data_dir: str) -> list[int]:
     return [committed_version(str(layout.table(name))) for name in CHECKED_TABLES]
 
 
-def table_checker(data_dir: str) -> dg.SensorDefinition:
+def table_checker(data_dir: str, deps: SensorDeps) -> dg.SensorDefinition:
     @dg.sensor(
         name=CHECKS_SENSOR,
         job_name=CHECK_TABLES_JOB,
@@ -109,17 +110,18 @@ def table_checker(data_dir: str) -> dg.SensorDefinition:
         description="Runs every whole-table check when the output tables changed since the last ones: at most "
         "every table_checks_every_seconds, and at once when idle: no other run in flight, every log line cut.",
     )
-    def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         # A first tick counts the cadence from now: checks due at once would start beside whatever
         # the deployment's first runs are (a Materialize from the UI) rather than when it is idle.
         cursor = read_cursor(context.cursor, requested_at=time.time(), versions=[], requested=0)
         versions = table_versions(data_dir)
         if versions == cursor["versions"] or max(versions) < 0:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="the tables are as last checked")
-        if runs_in_flight(context.instance, CHECK_TABLES_JOB):
+        instance = sensor_instance(context)
+        if runs_in_flight(instance, CHECK_TABLES_JOB):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="a check run is queued or running")
-        wait = cursor["requested_at"] + settings.table_checks_every_seconds - time.time()
-        if wait > 0 and tables_busy(context.instance, DataLayout(Path(data_dir))):
+        wait = cursor["requested_at"] + deps.settings.table_checks_every_seconds - time.time()
+        if wait > 0 and tables_busy(instance, DataLayout(Path(data_dir))):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next checks in {wait:.0f} s, or when idle")
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"checks.{cursor['requested']}", run_config=run_loggers(),
@@ -130,7 +132,7 @@ def table_checker(data_dir: str) -> dg.SensorDefinition:
     return _sensor
 
 
-def table_maintainer() -> dg.SensorDefinition:
+def table_maintainer(deps: SensorDeps) -> dg.SensorDefinition:
     @dg.sensor(
         name=MAINTENANCE_SENSOR,
         job_name=MAINTENANCE_JOB,
@@ -139,12 +141,12 @@ def table_maintainer() -> dg.SensorDefinition:
         description="Maintains the tables every maintenance_every_seconds (photon_assets/maintenance.py): "
         "durable tier eviction, pending-click records compacted, small files compacted and vacuumed.",
     )
-    def _sensor(context: dg.SensorEvaluationContext, settings: PipelineSettings) -> dg.SensorResult:
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         now = time.time()
         cursor = read_cursor(context.cursor, since=now, requested=0)
-        if runs_in_flight(context.instance, MAINTENANCE_JOB):
+        if runs_in_flight(sensor_instance(context), MAINTENANCE_JOB):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="maintenance is queued or running")
-        wait = cursor["since"] + settings.maintenance_every_seconds - now
+        wait = cursor["since"] + deps.settings.maintenance_every_seconds - now
         if wait > 0:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next maintenance in {wait:.0f} s")
         return dg.SensorResult(

@@ -20,6 +20,8 @@ def test_definitions_load_with_sensors_per_datacenter(tmp_path, monkeypatch):
         f"{kind}_{dc}" for dc in ("dc1", "dc2")
         for kind in ("query_log_dispatcher", "click_log_dispatcher", "pending_click_dispatcher")
     } | {"joined_clicks_freshness_sensor", "click_aggregates_refresher", "table_checker", "table_maintenance"}
+    # Dagster would build a sensor's resources, and an instance for them, on every tick (sensors/deps.py).
+    assert [s.name for s in repo.sensor_defs if s.required_resource_keys] == []
     assert {job.name for job in repo.get_all_jobs()} >= {"ingest_queries", "join_clicks_job", "check_tables", "verify"}
     assert {str(key.to_user_string()) for key in repo.asset_graph.get_all_asset_keys()} == {
         "query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates",

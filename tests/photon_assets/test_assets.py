@@ -19,6 +19,7 @@ from resources.spark import SparkResource
 from resources.state.layout import DataLayout
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog
 from resources.storage import WarehouseResource
+from sensors.deps import SensorDeps
 from sensors.dispatcher import log_dispatcher
 from tests.conftest import click, query, write_lines
 
@@ -148,10 +149,9 @@ def test_materialize_with_no_config_catches_up_on_every_line_not_yet_in_a_work_u
 
         # The dispatchers find nothing to cut and nothing to request.
         for stream in ("query", "click"):
-            sensor = log_dispatcher("dc1", stream, str(data_dir))
-            with dg.build_sensor_context(instance=instance, cursor=json.dumps({"v": 1, "requested": 0 if stream == "query" else 1}),
-                                         resources={"settings": PipelineSettings(), "registry": resources(data_dir)["registry"]}) as context:
-                assert sensor(context).run_requests == [], stream
+            sensor = log_dispatcher("dc1", stream, str(data_dir), SensorDeps(PipelineSettings(), resources(data_dir)["registry"].get))
+            context = dg.build_sensor_context(instance=instance, cursor=json.dumps({"v": 1, "requested": 0 if stream == "query" else 1}))
+            assert sensor(context).run_requests == [], stream
 
         # Nothing new: the tables as they are, with no unit cut.
         again = materialize(data_dir, instance, CLICK_UNIT)

@@ -6,7 +6,14 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from resources.id_registry import IdRegistryResource, close_embedded_registries, embedded_registry
+from resources.id_registry import (
+    MODE_ENV,
+    IdRegistryResource,
+    close_embedded_registries,
+    embedded_registry,
+    registry_resource_from_env,
+)
+from resources.registry.api import ADDRESS_ENV, SECRET_ENV
 from resources.registry.client import RemoteIdRegistry
 from resources.registry.shards import ShardedIdRegistry, now_us
 
@@ -95,3 +102,15 @@ def test_resource_modes(tmp_path):
         IdRegistryResource(data_dir=str(tmp_path), mode="service").get()
     with pytest.raises(dg.Failure, match="unknown registry mode 'paxos'"):
         IdRegistryResource(data_dir=str(tmp_path), mode="paxos").get()
+
+
+def test_the_secret_from_the_environment_stays_out_of_run_config_unless_resolved(tmp_path, monkeypatch):
+    monkeypatch.setenv(ADDRESS_ENV, "127.0.0.1:9")
+    monkeypatch.setenv(SECRET_ENV, "hunter2")
+    monkeypatch.delenv(MODE_ENV, raising=False)
+    for_runs = registry_resource_from_env(str(tmp_path))
+    assert isinstance(for_runs.secret, dg.EnvVar)  # Dagster resolves it where it builds the resource
+    with dg.build_resources({"registry": for_runs}) as built:
+        assert built.registry.get().secret == "hunter2"
+    # The sensors and `photon run`'s leases use the resource as it is: its value, not the variable's name.
+    assert registry_resource_from_env(str(tmp_path), resolved=True).get().secret == "hunter2"

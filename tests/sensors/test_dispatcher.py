@@ -1,5 +1,6 @@
 import json
 import time
+from functools import partial
 
 import dagster as dg
 import pytest
@@ -14,6 +15,7 @@ from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog
+from sensors.deps import SensorDeps
 from sensors.dispatcher import log_dispatcher, pending_dispatcher, pending_retry
 from sensors.retries import plan_retries
 from spark_ops.pending import PendingDigest, pending_retry_decision
@@ -26,13 +28,13 @@ def instance():
         yield instance
 
 
-def evaluate(sensor, instance, cursor=None, registry: IdRegistryResource | None = None, **settings) -> dg.SensorResult:
+def evaluate(make_sensor, instance, cursor=None, registry: IdRegistryResource | None = None, **settings) -> dg.SensorResult:
+    """One tick of the sensor `make_sensor(deps)` makes, with these settings (the code location makes its
+    sensors once, with the deployment's)."""
     # With one replica the click dispatcher never reaches the registry; an embedded one otherwise.
     registry = registry or IdRegistryResource(data_dir=instance.root_directory)
-    context = dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"settings": PipelineSettings(**settings), "registry": registry}
-    )
-    return sensor(context)
+    sensor = make_sensor(SensorDeps(PipelineSettings(**settings), registry.get))
+    return sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
 
 
 def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, instance):
@@ -40,7 +42,7 @@ def test_new_complete_lines_become_work_units_with_stable_run_keys(tmp_path, ins
     clicks = [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i) for i in range(20)]
     write_lines(click_dir / "w1" / "00000.jsonl", clicks[:10], torn='{"click_id": "10.0.')
     write_lines(click_dir / "w2" / "00000.jsonl", clicks[10:])
-    sensor = log_dispatcher("dc1", "click", str(tmp_path))
+    sensor = partial(log_dispatcher, "dc1", "click", str(tmp_path))
 
     first = evaluate(sensor, instance, click_work_unit_bytes=1200, click_catch_up_work_unit_bytes=0,
                      pacing_max_hold_seconds=0)
@@ -76,7 +78,7 @@ def test_a_backlog_is_cut_into_catch_up_work_units(tmp_path, instance):
     def unit_sizes(name: str, normal: int, catch_up: int) -> list[int]:
         # Each variant in its own data dir: work units, once cut, are durable.
         write_lines(tmp_path / name / "logs" / "dc1" / "click" / "w1" / "00000.jsonl", lines)
-        sensor = log_dispatcher("dc1", "click", str(tmp_path / name))
+        sensor = partial(log_dispatcher, "dc1", "click", str(tmp_path / name))
         requests = evaluate(sensor, instance, pacing_max_hold_seconds=0, click_work_unit_bytes=normal,
                             click_catch_up_work_unit_bytes=catch_up).run_requests
         ranges = [q.run_config["ops"]["join_clicks"]["config"]["ranges"] for q in requests]
@@ -98,7 +100,7 @@ def test_a_backlog_is_cut_into_catch_up_work_units(tmp_path, instance):
 
 def test_query_dispatcher_targets_the_ingest_job(tmp_path, instance):
     write_lines(tmp_path / "logs" / "dc2" / "query" / "w" / "0.jsonl", [query("10.0.0.2:2:1", 1)])
-    result = evaluate(log_dispatcher("dc2", "query", str(tmp_path)), instance)
+    result = evaluate(partial(log_dispatcher, "dc2", "query", str(tmp_path)), instance)
     [request] = result.run_requests
     assert request.job_name == INGEST_QUERIES_JOB and request.run_key == "dc2.query.00000000"
     assert request.tags[TAG_STREAM] == "query"
@@ -109,7 +111,7 @@ def test_back_pressure_cuts_nothing_while_the_dispatchers_own_run_is_unfinished(
     dispatcher cuts nothing, and what arrived meanwhile is cut afterwards as one catch-up unit."""
     writer_dir = tmp_path / "logs" / "dc1" / "query" / "w"
     write_lines(writer_dir / "0.jsonl", [query(f"10.0.0.2:2:{i}", i) for i in range(3)])
-    sensor = log_dispatcher("dc1", "query", str(tmp_path))
+    sensor = partial(log_dispatcher, "dc1", "query", str(tmp_path))
     sizes = {"query_work_unit_bytes": 600, "query_catch_up_work_unit_bytes": 1 << 20}
     first = evaluate(sensor, instance, **sizes)
     [request] = first.run_requests
@@ -121,7 +123,7 @@ def test_back_pressure_cuts_nothing_while_the_dispatchers_own_run_is_unfinished(
     assert held.skip_reason.skip_message == ("back-pressure: 1 work unit(s) of logs/dc1/query/ queued or running; "
                                 "new lines are cut when one finishes")
     # A run of another stream, or no limit: the new lines are cut, as one catch-up unit.
-    assert evaluate(log_dispatcher("dc1", "click", str(tmp_path)), instance).skip_reason.skip_message.startswith("no new")
+    assert evaluate(partial(log_dispatcher, "dc1", "click", str(tmp_path)), instance).skip_reason.skip_message.startswith("no new")
     [caught_up] = evaluate(sensor, instance, cursor=held.cursor, dispatcher_max_in_flight=0, **sizes).run_requests
     [unit] = [caught_up.run_config["ops"]["ingest_query_logs"]["config"]["ranges"]]
     assert [(r["file"], r["start"], r["end"]) for r in unit] == [("w/1.jsonl", 0, (writer_dir / "1.jsonl").stat().st_size)]
@@ -188,7 +190,7 @@ def test_a_catch_up_run_is_retried_with_the_unit_it_cut_for_itself(tmp_path, ins
 
 def test_pending_clicks_are_retried_only_when_query_data_could_hold_their_queries(tmp_path, instance):
     layout = DataLayout(tmp_path)
-    sensor = pending_dispatcher("dc1", str(tmp_path))
+    sensor = partial(pending_dispatcher, "dc1", str(tmp_path))
     assert "no pending" in evaluate(sensor, instance).skip_reason.skip_message
 
     # Two clicks wait: one for writer w1 to log past ts 500, one for writer w2 (no logs yet).
@@ -242,7 +244,7 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_watermark_while_query_d
         starts.append(starts[-1] + len(line))
     # Query lines not cut into work units yet: the query stream's watermark is about to advance.
     write_lines(layout.stream_dir("dc1", "query") / "w" / "0.jsonl", [query("10.1.0.1:7:1", 1)])
-    sensor = log_dispatcher("dc1", "click", str(tmp_path))
+    sensor = partial(log_dispatcher, "dc1", "click", str(tmp_path))
     knobs = {"pacing_max_hold_seconds": 3600}
 
     def cut(result):
@@ -278,7 +280,7 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_watermark_while_query_d
     # could advance the progress: click lines are not held, however far ahead.
     write_lines(click_file, [click("10.3.0.1:1:5000", "10.1.0.1:7:1", 5000 * second)])
     assert evaluate(sensor, instance, cursor=released.cursor, **knobs).run_requests == []
-    evaluate(log_dispatcher("dc1", "query", str(tmp_path)), instance)
+    evaluate(partial(log_dispatcher, "dc1", "query", str(tmp_path)), instance)
     unheld = evaluate(sensor, instance, cursor=released.cursor, **knobs)
     assert [r.run_key for r in unheld.run_requests] == ["dc1.click.00000003"]
 
@@ -296,7 +298,7 @@ def test_with_a_query_tailer_pacing_goes_by_its_watermark_and_holds_only_while_i
     write_lines(query_file, [query("10.1.0.1:7:1", 1)])
     EventTimeWatermark.add_pass(layout.watermark_file("dc1", "query_tail"), "tail.1", 21, [100 * second] * 21, 21,
                                 percentile=5, windows=4, max_passes=64)
-    sensor = log_dispatcher("dc1", "click", str(tmp_path))
+    sensor = partial(log_dispatcher, "dc1", "click", str(tmp_path))
     knobs = {"pacing_max_hold_seconds": 3600, "pacing_margin_seconds": 0}
 
     def ranges(result):
@@ -323,7 +325,7 @@ def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_i
             layout.query_tail_file("dc1"))
 
     tailed_to_here()
-    sensor = log_dispatcher("dc1", "query", str(tmp_path))
+    sensor = partial(log_dispatcher, "dc1", "query", str(tmp_path))
     first = evaluate(sensor, instance)
     assert [r.run_key for r in first.run_requests] == ["dc1.query.00000000"]
     write_lines(query_file, [query("10.1.0.1:7:2", 2)])
@@ -383,7 +385,7 @@ def test_two_datacenters_cut_their_own_shares_and_skip_what_the_other_finished(t
         return {r["file"]: (r["start"], r["end"]) for q in result.run_requests
                 for r in q.run_config["ops"]["join_clicks"]["config"]["ranges"]}
 
-    dc1, dc2 = log_dispatcher("dc1", "click", str(tmp_path)), log_dispatcher("dc2", "click", str(tmp_path))
+    dc1, dc2 = partial(log_dispatcher, "dc1", "click", str(tmp_path)), partial(log_dispatcher, "dc2", "click", str(tmp_path))
     first1 = evaluate(dc1, instance, registry=registry, **settings)
     first2 = evaluate(dc2, instance, registry=registry, **settings)
     assert set(cut(first1)) == {f for f in files if owner[f] == "dc1"}

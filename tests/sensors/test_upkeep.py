@@ -3,6 +3,7 @@ maintenance."""
 
 import json
 import time
+from functools import partial
 
 import dagster as dg
 import deltalake
@@ -13,6 +14,7 @@ from dagster._core.test_utils import create_run_for_test
 from photon_assets.jobs import CHECK_TABLES_JOB, JOIN_CLICKS_JOB, REFRESH_AGGREGATES_JOB
 from photon_assets.work_unit import TAG_WORK_UNIT
 from resources.settings import PipelineSettings
+from sensors.deps import SensorDeps
 from sensors.dispatcher import write_cursor
 from sensors.upkeep import aggregates_refresher, table_checker, table_maintainer
 
@@ -23,10 +25,11 @@ def instance():
         yield instance
 
 
-def evaluate(sensor, instance, cursor=None, **settings) -> dg.SensorResult:
-    context = dg.build_sensor_context(instance=instance, cursor=cursor,
-                                      resources={"settings": PipelineSettings(**settings)})
-    return sensor(context)
+def evaluate(make_sensor, instance, cursor=None, **settings) -> dg.SensorResult:
+    """One tick of the sensor `make_sensor(deps)` makes, with these settings (the upkeep sensors never
+    ask for the registry)."""
+    sensor = make_sensor(SensorDeps(PipelineSettings(**settings), registry=None))
+    return sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
 
 
 def commit_joined(data_dir) -> int:
@@ -42,7 +45,7 @@ def refreshed(instance, version: int) -> None:
 
 
 def test_the_aggregates_are_refreshed_once_per_joined_version_at_most_every_interval(tmp_path, instance):
-    sensor = aggregates_refresher(str(tmp_path))
+    sensor = partial(aggregates_refresher, str(tmp_path))
     assert evaluate(sensor, instance).run_requests == []  # no joined clicks yet
     first = commit_joined(tmp_path)
 
@@ -68,7 +71,7 @@ def test_the_aggregates_are_refreshed_once_per_joined_version_at_most_every_inte
 
 
 def test_table_maintenance_runs_every_interval_under_numbered_keys(instance):
-    sensor = table_maintainer()
+    sensor = table_maintainer
     first = evaluate(sensor, instance, maintenance_every_seconds=300)
     assert first.run_requests == [] and "next maintenance in" in first.skip_reason.skip_message
     due = json.dumps({**json.loads(first.cursor), "since": time.time() - 301})
@@ -82,7 +85,7 @@ def evaluated(instance, check: str, passed: bool) -> None:
 
 
 def test_the_aggregates_are_held_while_a_blocking_check_of_joined_clicks_has_failed(tmp_path, instance):
-    sensor = aggregates_refresher(str(tmp_path))
+    sensor = partial(aggregates_refresher, str(tmp_path))
     version = commit_joined(tmp_path)
     evaluated(instance, "joined_clicks_unique", passed=False)
     held = evaluate(sensor, instance, aggregates_refresh_seconds=0)
@@ -95,7 +98,7 @@ def test_the_aggregates_are_held_while_a_blocking_check_of_joined_clicks_has_fai
 
 
 def test_the_table_checks_run_on_their_cadence_and_once_idle_when_the_tables_changed(tmp_path, instance):
-    sensor = table_checker(str(tmp_path))
+    sensor = partial(table_checker, str(tmp_path))
     assert evaluate(sensor, instance).run_requests == []  # no table yet
     commit_joined(tmp_path)
     first = evaluate(sensor, instance, table_checks_every_seconds=300)
@@ -121,7 +124,7 @@ def test_the_table_checks_run_on_their_cadence_and_once_idle_when_the_tables_cha
 def test_a_run_without_a_work_unit_that_writes_the_tables_holds_the_checks_until_it_ends(tmp_path, instance):
     """Materialize in the UI: a check run created while it is in flight would evaluate the tables before its
     commit and, the newest evaluation, hide the checks of its materialization."""
-    sensor = table_checker(str(tmp_path))
+    sensor = partial(table_checker, str(tmp_path))
     commit_joined(tmp_path)
     ui_run = create_run_for_test(instance, job_name="__ASSET_JOB", status=dg.DagsterRunStatus.STARTING,
                                  asset_selection={dg.AssetKey("joined_clicks")})
@@ -139,7 +142,7 @@ def test_a_run_without_a_work_unit_that_writes_the_tables_holds_the_checks_until
 def test_live_logs_hold_the_checks_to_their_cadence_between_runs(tmp_path, instance):
     """Between two runs of a live pipeline no run is in flight, but its logs have lines no work unit
     holds yet: the checks wait for their cadence rather than run in every such gap."""
-    sensor = table_checker(str(tmp_path))
+    sensor = partial(table_checker, str(tmp_path))
     commit_joined(tmp_path)
     clicks = tmp_path / "logs" / "dc1" / "click"
     clicks.mkdir(parents=True)
