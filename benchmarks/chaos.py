@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.result_file import ResultFile  # noqa: E402
+from resources.runtime.process_groups import stop_group  # noqa: E402
 from resources.runtime.spark_connect import SERVER_MARKER  # noqa: E402
 
 PYTHON = sys.executable
@@ -188,12 +189,7 @@ class Deployment:
         """SIGTERM (photon up: to its process group, as systemd does) and the seconds until it exited."""
         started = time.monotonic()
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+            stop_group(self.process, 60)
         return time.monotonic() - started
 
 

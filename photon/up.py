@@ -56,6 +56,7 @@ from photon.runner import (
 )
 from photon.run_processes import kill_run_process, process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC, UNFINISHED
+from resources.runtime.process_groups import stop_group
 from resources.runtime.spark_connect import (free_port, server_command, server_environment, wait_until_listening,
                                              wait_until_serving)
 from resources.spark import SPARK_REMOTE_ENV
@@ -112,23 +113,11 @@ def start(name: str, command: list[str], layout: DataLayout, env: dict[str, str]
 
 
 def stop(components: list[Component], log: logging.Logger, seconds: float = STOP_SECONDS) -> None:
-    """SIGTERM to each component's process group, in order, sharing `seconds`; then SIGKILL."""
+    """Each component's process group stopped (stop_group), in order, sharing `seconds`."""
     for component in components:
         if component.process.poll() is None:
             log.info("stopping %s", component.name)
-        try:
-            os.killpg(component.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-        try:
-            component.process.wait(timeout=seconds / len(components))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(component.process.pid, signal.SIGKILL)  # what of the group is left
-        except ProcessLookupError:
-            pass
-        component.process.wait()
+        stop_group(component.process, seconds / len(components))
 
 
 def deployment_runs(instance: dg.DagsterInstance, datacenters: list[str], statuses) -> list[dg.DagsterRun]:

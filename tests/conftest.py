@@ -4,14 +4,13 @@ they start is then a client of a warm JVM, as a daemon's run is under `photon up
 and warming a JVM of its own. Under the full suite's workers (scripts/test.sh), each worker has its own."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from resources.runtime.process_groups import stop_group
 from resources.runtime.spark_connect import free_port, server_environment, wait_until_serving
 from resources.spark import SPARK_REMOTE_ENV, delta_session
 from resources.state.layout import REPO_ROOT
@@ -33,6 +32,7 @@ QUICK = (
     "tests/resources/state/test_work_unit_log.py",
     "tests/resources/registry/test_ownership.py",
     "tests/resources/test_spark.py",
+    "tests/resources/runtime/test_process_groups.py",
     "tests/photon/",
     "tests/spark_ops/test_events.py",
     "tests/spark_ops/test_tables.py",
@@ -102,15 +102,9 @@ STOP_SECONDS = 30
 
 
 def stop_groups(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM to each process's group, in the order given; SIGKILL to a group still there after 30 s."""
+    """Each process's group stopped (stop_group), in the order given."""
     for process in processes:
-        os.killpg(process.pid, signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process, STOP_SECONDS)
 
 
 def start_spark_connect(log: Path, *options: str) -> tuple[subprocess.Popen, str]:
