@@ -45,30 +45,41 @@ def component(pid: int, root: int) -> str:
     return "photon up" if pid == root else command.split(" ")[0].rsplit("/", 1)[-1]
 
 
-def cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> tuple[float, int] | None:
+    """CPU seconds of the process and of its children it has reaped (the kernel adds a reaped child's
+    time to its parent's), and its parent's pid."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return sum(int(f) for f in fields[11:15]) / TICKS, int(fields[1])
 
 
 def measure(root: int, window_s: float) -> dict:
-    """Per component: processes and the share of one core they used over the window."""
-    before = {pid: cpu_seconds(pid) for pid in process_tree_rss(root)}
+    """Per component: processes and the share of one core they used over the window. A process that
+    exits within the window counts in its parent's component: the parent that reaped it carries its
+    whole time, less what it had used before the window."""
+    before = {pid: (cpu_seconds(pid), component(pid, root)) for pid in process_tree_rss(root)}
     started = time.monotonic()
     time.sleep(window_s)
     elapsed = time.monotonic() - started
     by_component: dict[str, dict] = {}
-    for pid in process_tree_rss(root):
-        now, then = cpu_seconds(pid), before.get(pid)
-        if now is None:
-            continue
-        used = now - (then or 0.0)  # a process born in the window counts from zero
-        row = by_component.setdefault(component(pid, root), {"processes": 0, "core_share": 0.0})
-        row["processes"] += 1
-        row["core_share"] += used / elapsed
+
+    def add(name: str, seconds: float, processes: int) -> None:
+        row = by_component.setdefault(name, {"processes": 0, "core_share": 0.0})
+        row["processes"] += processes
+        row["core_share"] += seconds / elapsed
+
+    now_tree = set(process_tree_rss(root))
+    for pid in now_tree:
+        now, (then, _) = cpu_seconds(pid), before.get(pid, (None, None))
+        if now is not None:
+            add(component(pid, root), now[0] - (then[0] if then else 0.0), 1)  # one born in the window counts from zero
+    for pid, (then, _) in before.items():
+        if pid not in now_tree and then is not None:
+            parent = before.get(then[1], (None, "gone"))[1]
+            add(parent, -then[0], 0)
     for row in by_component.values():
         row["core_share"] = round(row["core_share"], 4)
     return by_component
