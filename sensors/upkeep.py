@@ -38,15 +38,19 @@ def runs_in_flight(instance: dg.DagsterInstance, job_name: str) -> int:
     return instance.get_runs_count(dg.RunsFilter(job_name=job_name, statuses=list(UNFINISHED)))
 
 
-def tables_busy(instance: dg.DagsterInstance, layout: DataLayout) -> bool:
-    """Whether a run that may still change the checked tables is queued or running, a work unit awaits
+def unfinished_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
+    return instance.get_runs(dg.RunsFilter(statuses=list(UNFINISHED)))
+
+
+def tables_busy(instance: dg.DagsterInstance, layout: DataLayout, unfinished: list[dg.DagsterRun]) -> bool:
+    """Whether a run that may still change the checked tables is queued or running (among `unfinished`,
+    the instance's queued and running runs, which the caller has read for its own test), a work unit awaits
     its retry, or a log has complete lines no work unit holds yet. Every run but a check run counts, not
     only the work units': a Materialize from the UI, a refresh, maintenance. A check run created while
     one of them is in flight evaluates the tables before its commit, and being the newest evaluation, it
     hides the checks of the latest materialization. The uncut lines make live logs busy between two
     runs: checking in every such gap took a run every 25-50 s beside the click runs (a live `photon up`
     of 2026-11-27), not every table_checks_every_seconds."""
-    unfinished = instance.get_runs(dg.RunsFilter(statuses=list(UNFINISHED)))
     if any(run.job_name != CHECK_TABLES_JOB for run in unfinished) or work_units_awaiting_retry(instance):
         return True
     return any(bytes_behind_log_heads(layout, dc, stream) for dc in layout.datacenters() for stream in STREAMS)
@@ -118,10 +122,11 @@ def table_checker(data_dir: str, deps: SensorDeps) -> dg.SensorDefinition:
         if versions == cursor["versions"] or max(versions) < 0:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="the tables are as last checked")
         instance = sensor_instance(context)
-        if runs_in_flight(instance, CHECK_TABLES_JOB):
+        unfinished = unfinished_runs(instance)
+        if any(run.job_name == CHECK_TABLES_JOB for run in unfinished):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason="a check run is queued or running")
         wait = cursor["requested_at"] + deps.settings.table_checks_every_seconds - time.time()
-        if wait > 0 and tables_busy(instance, DataLayout(Path(data_dir))):
+        if wait > 0 and tables_busy(instance, DataLayout(Path(data_dir)), unfinished):
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next checks in {wait:.0f} s, or when idle")
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"checks.{cursor['requested']}", run_config=run_loggers(),
