@@ -237,55 +237,59 @@ class JoinInput:
 
 def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
     """One work unit's clicks joined exactly once (see the module docstring)."""
+    unit.staging.mkdir(parents=True, exist_ok=True)
+    try:
+        stats = _join(unit, work)
+    except BaseException:
+        settle_quietly(work.recorded)  # the join's own error is the one to report
+        raise
+    else:
+        settle(work.recorded)  # a run that returns has its ledger rows committed, or fails with the append's error
+    finally:
+        # After the ledger append, which reads the staged lines.
+        unit.event_store.release()
+        shutil.rmtree(unit.staging, ignore_errors=True)
+    return stats
+
+
+def _join(unit: ClickPass, work: JoinInput) -> JoinStats:
     stats = JoinStats()
     mark = time.monotonic()
     staging = unit.staging
-    staging.mkdir(parents=True, exist_ok=True)
     resolve = partial(_resolve, unit, stats=stats)
-    failed = True
-    try:
-        parts = [click_columns(df) for df in (work.clicks, work.retried) if df is not None]
-        if not parts:
-            failed = False
-            return stats
-        clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        looked = _looked(unit, clicks)
-        mark = stats.timed("lookup_plan", mark)
-        settle(work.recorded)
-        mark = stats.timed("ledger_wait", mark)
-        unit.checkpoint("before_registry_commit")
-        outcomes = resolve(looked, None, staging / "outcomes")
-        mark = stats.timed("lookup_judge_commit", mark)
-        if stats.looked_up == 0:
-            failed = False
-            return stats
-        if stats.beyond_memory:
-            beyond = outcomes.where(F.col("state") == BEYOND_MEMORY)
-            found = _find(beyond, unit.event_store, stats)
-            outcomes = outcomes.where(F.col("state") != BEYOND_MEMORY).unionByName(
-                resolve(beyond.select(*looked.columns), found, staging / "outcomes_beyond"))
-            mark = stats.timed("eventstore", mark)
-        joins = staged_joins([staging / "outcomes", staging / "outcomes_beyond"])
-        stats.delay_seconds = join_delays(joins)
-        unit.checkpoint("after_registry_commit")
-
-        _write(unit, outcomes, work.retried, stats)
-        stats.latency_seconds = output_latency(joins, time.time())
-        mark = stats.timed("write", mark)
-        unit.checkpoint("after_output_write")
-
-        # Output durable: the registry need not keep this token any more.
-        unit.registry.clear_tokens(unit.token)
-        stats.timed("clear_tokens", mark)
-        unit.checkpoint("after_clear_tokens")
-        failed = False
+    parts = [click_columns(df) for df in (work.clicks, work.retried) if df is not None]
+    if not parts:
         return stats
-    finally:
-        unit.event_store.release()
-        # The ledger append reads the staged lines: it ends before they are deleted, and a run that
-        # returns has it committed (its error, if any, is the run's; a failing join's own comes first).
-        (settle_quietly if failed else settle)(work.recorded)
-        shutil.rmtree(staging, ignore_errors=True)
+    clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    looked = _looked(unit, clicks)
+    mark = stats.timed("lookup_plan", mark)
+    settle(work.recorded)
+    mark = stats.timed("ledger_wait", mark)
+    unit.checkpoint("before_registry_commit")
+    outcomes = resolve(looked, None, staging / "outcomes")
+    mark = stats.timed("lookup_judge_commit", mark)
+    if stats.looked_up == 0:
+        return stats
+    if stats.beyond_memory:
+        beyond = outcomes.where(F.col("state") == BEYOND_MEMORY)
+        found = _find(beyond, unit.event_store, stats)
+        outcomes = outcomes.where(F.col("state") != BEYOND_MEMORY).unionByName(
+            resolve(beyond.select(*looked.columns), found, staging / "outcomes_beyond"))
+        mark = stats.timed("eventstore", mark)
+    joins = staged_joins([staging / "outcomes", staging / "outcomes_beyond"])
+    stats.delay_seconds = join_delays(joins)
+    unit.checkpoint("after_registry_commit")
+
+    _write(unit, outcomes, work.retried, stats)
+    stats.latency_seconds = output_latency(joins, time.time())
+    mark = stats.timed("write", mark)
+    unit.checkpoint("after_output_write")
+
+    # Output durable: the registry need not keep this token any more.
+    unit.registry.clear_tokens(unit.token)
+    stats.timed("clear_tokens", mark)
+    unit.checkpoint("after_clear_tokens")
+    return stats
 
 
 def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
