@@ -45,41 +45,43 @@ def component(pid: int, root: int) -> str:
     return "photon up" if pid == root else command.split(" ")[0].rsplit("/", 1)[-1]
 
 
-def cpu_seconds(pid: int) -> tuple[float, int] | None:
-    """CPU seconds of the process and of its children it has reaped (the kernel adds a reaped child's
-    time to its parent's), and its parent's pid."""
+def cpu_seconds(pid: int) -> tuple[float, float, int] | None:
+    """CPU seconds of the process itself, of the children it has waited for (the kernel adds a child's
+    time to its parent's when the parent reaps it), and its parent's pid."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()
-    return sum(int(f) for f in fields[11:15]) / TICKS, int(fields[1])
+    return (int(fields[11]) + int(fields[12])) / TICKS, (int(fields[13]) + int(fields[14])) / TICKS, int(fields[1])
 
 
 def measure(root: int, window_s: float) -> dict:
     """Per component: processes and the share of one core they used over the window. A process that
-    exits within the window counts in its parent's component: the parent that reaped it carries its
-    whole time, less what it had used before the window."""
-    before = {pid: (cpu_seconds(pid), component(pid, root)) for pid in process_tree_rss(root)}
+    exits within the window counts in its parent's component, through the time its parent took over
+    by reaping it, less what it had used before the window. A parent that ignores SIGCHLD takes
+    nothing over: what such a child used in the window is not counted."""
+    before = {pid: cpu_seconds(pid) for pid in process_tree_rss(root)}
     started = time.monotonic()
     time.sleep(window_s)
     elapsed = time.monotonic() - started
+    now = {pid: cpu_seconds(pid) for pid in process_tree_rss(root)}
+    gone: dict[int, float] = {}  # parent -> time its children that exited had used before the window
+    for pid, then in before.items():
+        if then is not None and now.get(pid) is None:
+            gone[then[2]] = gone.get(then[2], 0.0) + then[0] + then[1]
     by_component: dict[str, dict] = {}
-
-    def add(name: str, seconds: float, processes: int) -> None:
-        row = by_component.setdefault(name, {"processes": 0, "core_share": 0.0})
-        row["processes"] += processes
-        row["core_share"] += seconds / elapsed
-
-    now_tree = set(process_tree_rss(root))
-    for pid in now_tree:
-        now, (then, _) = cpu_seconds(pid), before.get(pid, (None, None))
-        if now is not None:
-            add(component(pid, root), now[0] - (then[0] if then else 0.0), 1)  # one born in the window counts from zero
-    for pid, (then, _) in before.items():
-        if pid not in now_tree and then is not None:
-            parent = before.get(then[1], (None, "gone"))[1]
-            add(parent, -then[0], 0)
+    for pid, current in now.items():
+        if current is None:
+            continue
+        own, reaped, _ = current
+        then = before.get(pid)  # a process born in the window counts from zero
+        own_used = own - (then[0] if then else 0.0)
+        reaped_used = reaped - (then[1] if then else 0.0)
+        used = own_used + reaped_used - min(gone.get(pid, 0.0), reaped_used)
+        row = by_component.setdefault(component(pid, root), {"processes": 0, "core_share": 0.0})
+        row["processes"] += 1
+        row["core_share"] += used / elapsed
     for row in by_component.values():
         row["core_share"] = round(row["core_share"], 4)
     return by_component
