@@ -1,5 +1,6 @@
 """Spark work started beside the caller's, on a thread of its own, for a write that nothing after it
-reads until it must be committed (a click run's ledger append beside its lookup and registry commit).
+reads until it must be committed (a click run's ledger append beside its lookup and registry commit,
+its output appends beside each other).
 
 The thread is PySpark's `InheritableThread`: its jobs carry the caller's job group (local session)
 or tags (Spark Connect), so a run's job count includes them, and Spark's FAIR pool shares the
@@ -47,3 +48,19 @@ def settle_quietly(future: Future | None) -> None:
     to report, and that must not leave the work running (it reads files the caller deletes next)."""
     if future is not None:
         future.exception()
+
+
+def side_by_side(spark: SparkSession, works: list[Callable[[], object]], name: str) -> None:
+    """Runs `works` at once, the first on this thread and the others beside it, and returns once every
+    one has ended; the first error raised, if any, after that. Delta commits to different tables: each
+    spends much of its time in the driver (the commit protocol, the snapshot), which the others' jobs
+    can use."""
+    futures = [beside(spark, work, f"{name}-{i}") for i, work in enumerate(works[1:], 1)]
+    try:
+        if works:
+            works[0]()
+    finally:
+        for future in futures:
+            settle_quietly(future)  # none left running, whatever happened
+    for future in futures:
+        settle(future)

@@ -17,8 +17,9 @@ Misses the memory tier cannot vouch for (older than its horizon) are looked up i
 logs tiers (spark_ops/event_store.py) and judged and committed by a second job; a live stream has
 none.
 4. write: the winners appended to `joined_clicks` (their query line parsed into the output's struct
-   on the way) and `unjoinable_clicks` (merged on `click_id` by a retry: spark_ops/tables.py), then
-   the pending clicks' records; once that output is durable, the token is cleared.
+   on the way) and `unjoinable_clicks` (merged on `click_id` by a retry: spark_ops/tables.py), and
+   the pending clicks' records, side by side (the records after the outputs when the unit retried
+   pending clicks); once that output is durable, the token is cleared.
 The unit's ledger append may run beside the plan's building (JoinInput.recorded); the commit waits
 for it, so every id a unit registers has its ledger row, recovery's source when the unit never
 writes its output (spark_ops/verification.py).
@@ -45,7 +46,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from resources.registry.api import IdRegistry
-from spark_ops.beside import settle, settle_quietly
+from spark_ops.beside import settle, settle_quietly, side_by_side
 from spark_ops.event_store import EventStore, EventStoreStats, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
@@ -428,11 +429,15 @@ def _resolve(unit: ClickPass, looked: DataFrame, found: DataFrame | None, path: 
 
 
 def _write(unit: ClickPass, outcomes: DataFrame, retried: DataFrame | None, stats: JoinStats) -> None:
-    """The outputs, keyed by click_id, then the pending clicks' records (last: a retry of a unit
-    that crashed before them retries the same pending clicks). A table with nothing to add is not
-    touched: an empty commit still costs a Delta commit."""
+    """The outputs, keyed by click_id, and the pending clicks' records, side by side (each a Delta
+    commit of its own table; `side_by_side`). With retried pending clicks, their records go last, once
+    the outputs are durable: written first, a crash before the outputs would leave those clicks
+    registered to this token with no output, and a retry of the unit would not retry them (their
+    records say resolved). A table with nothing to add is not touched: an empty commit still costs a
+    Delta commit."""
     now, token, dc, tables = F.current_timestamp(), unit.token, unit.dc, unit.tables
     outcome, held = F.col("outcome"), F.col("status") == "held"
+    writes = []
     if stats.joined:
         schema = TABLE_SCHEMAS["joined_clicks"][0]
         joined = outcomes.where((outcome == JOINED) & held)
@@ -441,7 +446,7 @@ def _write(unit: ClickPass, outcomes: DataFrame, retried: DataFrame | None, stat
             joined = with_query_struct(joined.select(*CLICK_FIELDS, "line"))
         rows = joined.select(*[c for c in schema.fieldNames() if c in joined.columns],
                              F.lit(dc).alias("joined_by_dc"), now.alias("joined_at"), F.lit(token).alias("work_unit"))
-        write_output(rows, "joined_clicks", tables["joined_clicks"], "click_id", token, unit.attempt)
+        writes.append(partial(write_output, rows, "joined_clicks", tables["joined_clicks"], "click_id", token, unit.attempt))
     if stats.unjoinable:
         too_old = (F.col("state") == TOO_OLD) | (F.col("status") == "too_old")
         rows = (
@@ -449,6 +454,14 @@ def _write(unit: ClickPass, outcomes: DataFrame, retried: DataFrame | None, stat
             .select(*CLICK_FIELDS, F.when(too_old, TOO_OLD_REASON).otherwise(F.col("reason")).alias("reason"),
                     F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
         )
-        write_output(rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", token, unit.attempt)
+        writes.append(partial(write_output, rows, "unjoinable_clicks", tables["unjoinable_clicks"], "click_id", token,
+                              unit.attempt))
+    records = None
     if stats.pending or retried is not None:
-        record_pending(tables["pending_clicks"], dc, outcomes.where(outcome == PENDING), retried)
+        records = partial(record_pending, tables["pending_clicks"], dc, outcomes.where(outcome == PENDING), retried)
+    if records is not None and retried is None:
+        writes.append(records)
+        records = None
+    side_by_side(unit.spark, writes, f"{token}-write")
+    if records is not None:
+        records()

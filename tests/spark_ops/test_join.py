@@ -284,3 +284,36 @@ def test_a_miss_the_query_tailer_vouched_for_is_not_retried_when_query_runs_catc
     digest = policy(world).digest(world["tables"]["pending_clicks"], "dc1")
     assert digest.pending == 2 and digest.needs["10.1.0.1:8"][0] is None
     assert not pending_retry_decision(digest, caught_up, 86400.0).ready
+
+
+@pytest.mark.parametrize("retrying", [False, True], ids=["new-lines", "retrying-pending"])
+def test_pending_records_go_beside_the_outputs_unless_the_unit_retries_pending_clicks(world, monkeypatch, retrying):
+    """The pending records are appended beside the outputs (spark_ops/join.py: _write), but after them
+    when the unit retries pending clicks: written first, a crash before the outputs would leave the
+    retried clicks resolved in their records, registered to the token with no output, and a retry of
+    the unit would not retry them. Either way, a failed output write, then a retry, equals a clean run."""
+    import spark_ops.join as join
+
+    spark, tables = world["spark"], world["tables"]
+    retried = read_table(spark, "pending_clicks", tables["pending_clicks"]).limit(0) if retrying else None
+    real_write = join.write_output
+
+    def failing_write(df, name, *args):
+        if name == "joined_clicks":
+            raise Crash("joined_clicks write")
+        return real_write(df, name, *args)
+
+    def unit(attempt):
+        return ClickPass(spark, world["registry"], event_store(world), policy(world), "dc1.click.0", attempt, "dc1",
+                         world["tmp"] / "staging" / "dc1.click.0", tables)
+
+    monkeypatch.setattr(join, "write_output", failing_write)
+    with pytest.raises(Crash):
+        join_work_unit(unit(1), JoinInput(world["clicks"], retried))
+    records = read_table(spark, "pending_clicks", tables["pending_clicks"]).count()
+    assert records == (0 if retrying else 2)  # c7 and c8: recorded beside the failed write, or not yet
+    monkeypatch.setattr(join, "write_output", real_write)
+    again = join_work_unit(unit(2), JoinInput(world["clicks"], retried))
+    assert joined_ids(world) == sorted(JOINABLE) and (again.joined, again.pending) == (7, 2)
+    latest = policy(world).digest(tables["pending_clicks"], "dc1")
+    assert latest.pending == 2
