@@ -240,9 +240,10 @@ def dispatch(context: dg.SensorEvaluationContext, maker: WorkUnitMaker) -> dg.Se
     dc, stream, settings = maker.dc, maker.stream, maker.settings
     cursor = read_cursor(context.cursor, requested=0, held={}, paced_ticks=0, waiting={})
     cursor.pop("held_since", None)  # the whole-tick hold of earlier versions
+    instance = sensor_instance(context)
     # Held from reading the offsets to the append: a catch-up run may cut units too.
     with maker.locked() as log:
-        held = cut_now(context, maker, log, cursor)
+        held = cut_now(context, instance, maker, log, cursor)
         ranges, skipped = held.ranges, []
         share = maker.share(ranges, cursor["waiting"])
         if share is not None:
@@ -264,15 +265,16 @@ def dispatch(context: dg.SensorEvaluationContext, maker: WorkUnitMaker) -> dg.Se
         fresh: list[WorkUnit] = [u for u in log.units[cursor["requested"]:] if u.dispatched]
         maker.claim(fresh)
         cursor["requested"] = len(log.units)
-    return tick_result(context, maker, [work_unit_request(dc, stream, LOG_RANGES, u.id, u.ranges) for u in fresh],
+    return tick_result(context, instance, maker, [work_unit_request(dc, stream, LOG_RANGES, u.id, u.ranges) for u in fresh],
                        cursor, held)
 
 
-def cut_now(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, log: WorkUnitLog, cursor: dict) -> Held:
+def cut_now(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, maker: WorkUnitMaker, log: WorkUnitLog,
+            cursor: dict) -> Held:
     """The new lines to cut this tick: none under back-pressure or while the query tailer makes the
     query runs wait for their cadence; click lines ahead of the query stream held back (pacing)."""
     dc, stream, settings, layout = maker.dc, maker.stream, maker.settings, maker.layout
-    in_flight = log_runs_in_flight(sensor_instance(context), dc, stream)
+    in_flight = log_runs_in_flight(instance, dc, stream)
     backed_up = 0 < settings.dispatcher_max_in_flight <= in_flight
     ranges = [] if backed_up else maker.new_ranges(log)
     tail = QueryTail.load(layout.query_tail_file(dc))
@@ -289,7 +291,7 @@ def cut_now(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, log: Work
                         f"tier every {settings.query_run_every_seconds:.0f} s")
     if stream != "click":
         return Held(ranges)
-    waiting = bool(ranges) and query_data_waiting(layout, dc, sensor_instance(context), tail)
+    waiting = bool(ranges) and query_data_waiting(layout, dc, instance, tail)
     pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time(),
                          query_watermark_file(layout, dc, tail))
     observations = []
@@ -304,11 +306,11 @@ def cut_now(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, log: Work
     return Held(pacing.ranges, pacing.reason, observations)
 
 
-def tick_result(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, requests: list[dg.RunRequest],
-                cursor: dict, held: Held) -> dg.SensorResult:
+def tick_result(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, maker: WorkUnitMaker,
+                requests: list[dg.RunRequest], cursor: dict, held: Held) -> dg.SensorResult:
     """The tick's runs (the fresh units' and the retries due), its cursor, and why it skipped if it did."""
     dc, stream, settings = maker.dc, maker.stream, maker.settings
-    retries = plan_retries(sensor_instance(context), stream, dc, settings, maker.layout)
+    retries = plan_retries(instance, stream, dc, settings, maker.layout)
     requests = requests + retries.run_requests
     if retries.exhausted:
         context.log.error(f"work units failed {settings.max_attempts} times: {retries.exhausted}")
