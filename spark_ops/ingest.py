@@ -26,7 +26,7 @@ from resources.state.watermark import SKETCH_FRACTIONS
 from spark_ops.handoff import materialize, unstage
 from spark_ops.parse import TEXT_FIELDS, ByteRange, events, parse_ranges, quarantined
 from spark_ops.registry_calls import QueryPut
-from spark_ops.schemas import PARSED
+from spark_ops.schemas import PARSED, with_run_values
 from spark_ops.tables import append_once
 
 MAP_KEYS = ["file", "server_ip", "process_id"]
@@ -153,7 +153,10 @@ def ingest_queries(parsed: DataFrame, path: Path, stats: IngestStats, unit: Unit
     log file map. Queries older than `cache_since_us` skip the durable tier (query_logs): the log file
     map, which indexes every query, finds them. Returns the log file map entries added."""
     queries = unit.with_unit(events(parsed))
-    cached = queries if cache_since_us is None else queries.where(F.col("timestamp_us") >= cache_since_us)
+    # The boundary as a run value: a literal would make each run's append compile its code anew.
+    cached = queries if cache_since_us is None else (
+        with_run_values(queries, cache_since_us=cache_since_us)
+        .where(F.col("timestamp_us") >= F.col("cache_since_us")).drop("cache_since_us"))
     unit.append(cached, "query_logs")
     entries = log_file_map_entries(path, map_every_seconds, map_every_bytes)
     if entries.num_rows:

@@ -50,10 +50,11 @@ from spark_ops.beside import settle, settle_quietly, side_by_side
 from spark_ops.event_store import EventStore, EventStoreStats, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
-from spark_ops.pending import PendingPolicy, record_pending
+from spark_ops.pending import STREAM_PROGRESS, PendingPolicy, record_pending
 from spark_ops.registry_calls import commit_ids, grant_clicks, lookup_clicks
 from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
-from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, TimestampValidity
+from spark_ops.schemas import with_run_values
+from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, LATEST_VALID, TimestampValidity
 
 Adapter = Callable[[DataFrame], DataFrame]
 
@@ -300,6 +301,10 @@ def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
     spark, store, validity = unit.spark, unit.event_store, unit.validity
     looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store.query_dir,
                            store.max_line_bytes, unit.staging / "lookup")
+    # This run's values (the clock, the stream's progress) as columns, not literals: the code Spark
+    # generates for the job's stages stays the same from run to run (spark_ops/schemas.py).
+    run_values = {**unit.pending.run_values(), **({} if validity is None else validity.run_values())}
+    looked = with_run_values(looked, **run_values)
     ip, pid, query_ts = event_id_parts("query_id")
     looked = (
         looked.withColumn("query_writer", F.concat_ws(":", ip, pid))
@@ -323,7 +328,8 @@ def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
     # writer logs past it, or backfills, would miss again (spark_ops/pending.py, writer_ts_at_attempt).
     vouched_ts = F.when(state == NOT_HELD, F.col("query_fed_ts")).cast("long").alias("memory_vouched_ts")
     return looked.select("*", state.alias("state"), vouched_ts).drop(
-        "query_writer", "query_ts", "writer_ts", "registry_status", "registry_token", "memory_horizon_ts", "query_fed_ts")
+        "query_writer", "query_ts", "writer_ts", "registry_status", "registry_token", "memory_horizon_ts", "query_fed_ts",
+        LATEST_VALID)
 
 
 def _find(beyond: DataFrame, event_store: EventStore, stats: JoinStats) -> DataFrame:
@@ -352,7 +358,7 @@ def _judged(unit: ClickPass, looked: DataFrame, found: DataFrame | None) -> Data
                 .drop("found_line", "found_ts"))
     rows = unit.pending.judge(
         rows.select(*CLICK_FIELDS, "attempts", "last_attempt_unit", "state", "query_timestamp_us", "line",
-                    "memory_vouched_ts"), unit.token)
+                    "memory_vouched_ts", STREAM_PROGRESS), unit.token)
     state, has_query = F.col("state"), F.col("line").isNotNull()
     early = (F.lit(False) if unit.validity is None
              else unit.validity.before_query(F.col("timestamp_us"), F.col("query_timestamp_us")))
@@ -435,8 +441,12 @@ def _write(unit: ClickPass, outcomes: DataFrame, retried: DataFrame | None, stat
     registered to this token with no output, and a retry of the unit would not retry them (their
     records say resolved). A table with nothing to add is not touched: an empty commit still costs a
     Delta commit."""
-    now, token, dc, tables = F.current_timestamp(), unit.token, unit.dc, unit.tables
+    token, dc, tables = unit.token, unit.dc, unit.tables
     outcome, held = F.col("outcome"), F.col("status") == "held"
+    # The time as a run value, not current_timestamp(): Spark folds that into a literal of the code it
+    # generates, new at every run (spark_ops/schemas.py: with_run_values).
+    stamped = partial(with_run_values, written_at_us=int(time.time() * 1e6))
+    now = F.timestamp_micros(F.col("written_at_us"))
     writes = []
     if stats.joined:
         schema = TABLE_SCHEMAS["joined_clicks"][0]
@@ -444,13 +454,13 @@ def _write(unit: ClickPass, outcomes: DataFrame, retried: DataFrame | None, stat
         # The query's line parsed into the output's `query` here, unless the adapter already made it.
         if "query" not in joined.columns:
             joined = with_query_struct(joined.select(*CLICK_FIELDS, "line"))
-        rows = joined.select(*[c for c in schema.fieldNames() if c in joined.columns],
+        rows = stamped(joined).select(*[c for c in schema.fieldNames() if c in joined.columns],
                              F.lit(dc).alias("joined_by_dc"), now.alias("joined_at"), F.lit(token).alias("work_unit"))
         writes.append(partial(write_output, rows, "joined_clicks", tables["joined_clicks"], "click_id", token, unit.attempt))
     if stats.unjoinable:
         too_old = (F.col("state") == TOO_OLD) | (F.col("status") == "too_old")
         rows = (
-            outcomes.where((outcome.isin(*UNJOINABLE_OUTCOMES) & held) | too_old)
+            stamped(outcomes.where((outcome.isin(*UNJOINABLE_OUTCOMES) & held) | too_old))
             .select(*CLICK_FIELDS, F.when(too_old, TOO_OLD_REASON).otherwise(F.col("reason")).alias("reason"),
                     F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
         )

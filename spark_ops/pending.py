@@ -35,7 +35,7 @@ from resources.event_store.progress import QueryProgress
 from resources.state.sidecars import Document
 from spark_ops.event_store import event_id_parts
 from spark_ops.handoff import unstage
-from spark_ops.schemas import arrow_schema, literal_frame
+from spark_ops.schemas import arrow_schema, literal_frame, with_run_values
 from spark_ops.tables import (TABLE_SCHEMAS, append, overwrite_where, read_table, rows_held, sql_literal,
                               table_committed, table_lock)
 
@@ -47,6 +47,7 @@ PROGRESS_SCHEMA = T.StructType(
     ]
 )
 COLUMNS = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
+STREAM_PROGRESS = "stream_progress_ts"  # the column of the query stream's progress (run_values)
 
 # The pending rule, written once in SQL that Spark (F.expr) and DuckDB both evaluate, and Python
 # through DuckDB (pending_retry_decision): which record of a click is its latest, and when a click has
@@ -54,12 +55,13 @@ COLUMNS = TABLE_SCHEMAS["pending_clicks"][0].fieldNames()
 LATEST_SQL = "row_number() OVER (PARTITION BY dc, click_id ORDER BY recorded_at DESC, resolved DESC) = 1"
 
 
-def age_reached_sql(progress_ts: int | None, unjoinable_after_seconds: float, event_ts: str = "timestamp_us") -> str:
+def age_reached_sql(progress_ts: int | str | None, unjoinable_after_seconds: float, event_ts: str = "timestamp_us") -> str:
     """SQL: the click at `event_ts` is `unjoinable_after_seconds` or more behind the query stream's
-    progress (event time). Never, while the stream has no progress."""
+    progress (event time; a value, or a column holding it). Never, while the stream has no progress."""
     if progress_ts is None:
         return "FALSE"
-    return f"{int(progress_ts)} - {event_ts} >= {int(unjoinable_after_seconds * 1e6)}"
+    progress = progress_ts if isinstance(progress_ts, str) else str(int(progress_ts))
+    return f"{progress} - {event_ts} >= {int(unjoinable_after_seconds * 1e6)}"
 
 
 _evaluator = threading.local()  # a DuckDB connection per thread: opening one costs ~40 ms
@@ -156,8 +158,13 @@ class PendingPolicy:
     def _progress_rows(self) -> list[tuple]:
         return [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
 
+    def run_values(self) -> dict[str, int | None]:
+        """The values `judge` reads from the frame (spark_ops/schemas.py: with_run_values)."""
+        return {STREAM_PROGRESS: self.progress.max_ts}
+
     def _age_reached(self) -> Column:
-        return F.expr(age_reached_sql(self.progress.max_ts, self.unjoinable_after_seconds))
+        progress = None if self.progress.max_ts is None else STREAM_PROGRESS
+        return F.expr(age_reached_sql(progress, self.unjoinable_after_seconds))
 
     def _ready(self, path: str, dc: str) -> duckdb.DuckDBPyRelation | None:
         """The datacenter's current pending clicks with `data_ready` (query data that could hold the
@@ -203,8 +210,8 @@ class PendingPolicy:
         """Clicks not found by this lookup, as `pending_clicks` records for it (but the times, which
         `record_pending` sets), with `give_up` and the unjoinable `reason`. `not_found` carries the
         clicks' earlier `attempts` (0 if none), the unit of their last attempt (an earlier attempt
-        of this very work unit counted the lookup) and `memory_vouched_ts` (null unless the memory tier
-        vouched for the miss: the writer's time it was fed to)."""
+        of this very work unit counted the lookup), `memory_vouched_ts` (null unless the memory tier
+        vouched for the miss: the writer's time it was fed to) and `run_values()`."""
         counted = F.coalesce(F.col("last_attempt_unit"), F.lit("")) != token
         attempts = F.col("attempts") + F.when(counted, 1).otherwise(0)
         parts = event_id_parts("query_id")
@@ -213,7 +220,7 @@ class PendingPolicy:
             F.when(parts[0].isNotNull() & parts[1].isNotNull(), F.concat_ws(":", parts[0], parts[1])).alias("query_writer"),
             parts[2],
         )
-        behind = F.lit(self.progress.max_ts or 0) - F.col("timestamp_us")
+        behind = F.coalesce(F.col(STREAM_PROGRESS), F.lit(0)) - F.col("timestamp_us")
         return (
             with_writer.join(F.broadcast(self.progress_frame(not_found.sparkSession)), "query_writer", "left")
             # The writer's time this lookup covered: its ingested progress, or the time the query tailer
@@ -267,13 +274,20 @@ def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataF
     pending any more (`resolved`: retried clicks, the table's columns; joined, unjoinable, or
     registered by another work unit). Appended again by a retried work unit, the records say the
     same and are later: a click's latest record counts."""
-    now = F.current_timestamp()
-    rows = (still_pending.withColumn("dc", F.lit(dc)).withColumn("last_attempt_at", now)
-            .withColumn("resolved", F.lit(False)).withColumn("recorded_at", now))
+    # The times are set below, once both kinds of record are in.
+    rows = (still_pending.withColumn("dc", F.lit(dc)).withColumn("resolved", F.lit(False))
+            .withColumn("last_attempt_at", F.lit(None).cast("timestamp")).withColumn("recorded_at", F.lit(None).cast("timestamp"))
+            .select(*COLUMNS))
     if resolved is not None:
         gone = resolved.join(still_pending.select("click_id"), "click_id", "left_anti")
-        rows = rows.select(*COLUMNS).unionByName(
-            gone.withColumn("resolved", F.lit(True)).withColumn("recorded_at", now).select(*COLUMNS))
+        rows = rows.unionByName(gone.withColumn("resolved", F.lit(True)).select(*COLUMNS))
+    # The time as a run value, not current_timestamp(): Spark folds that into a literal of the code it
+    # generates, new at every run (spark_ops/schemas.py: with_run_values). A resolved record keeps the
+    # time of the click's last attempt.
+    now = F.timestamp_micros(F.col("recorded_at_us"))
+    rows = with_run_values(rows, recorded_at_us=int(time.time() * 1e6))
+    rows = rows.withColumn("recorded_at", now).withColumn(
+        "last_attempt_at", F.when(F.col("resolved"), F.col("last_attempt_at")).otherwise(now))
     append(rows.select(*COLUMNS), "pending_clicks", path)
 
 

@@ -102,4 +102,18 @@ def literal_frame(spark: SparkSession, rows: list[tuple], schema: T.StructType) 
 
     if not rows:
         return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
-    return spark.range(1).select(F.inline(F.array(*[typed(row) for row in rows])))
+    # One partition: a broadcast of it is one task, not one per core.
+    return spark.range(1, numPartitions=1).select(F.inline(F.array(*[typed(row) for row in rows])))
+
+
+def with_run_values(df: DataFrame, **values: int | None) -> DataFrame:
+    """`df` with a long column per value (null for None), the same in every row, joined from a
+    one-row broadcast frame.
+
+    Spark writes a long literal into the Java code it generates for a stage, and caches the compiled
+    code by its text: a value that changes at every run (a clock, the stream's progress) made each run
+    compile its stages anew (~0.1 s for the join's judging stage, twice: where it is planned and where
+    it runs) and run them in the JVM's interpreter until the JIT compiled them again. A column read
+    from a joined row leaves the code the same from run to run."""
+    schema = T.StructType([T.StructField(name, T.LongType()) for name in values])
+    return df.crossJoin(F.broadcast(literal_frame(df.sparkSession, [tuple(values.values())], schema)))

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 FUTURE_REASON = "timestamp in the future of the pipeline's clock"
 BEFORE_QUERY_REASON = "timestamp before its query's"
+LATEST_VALID = "latest_valid_us"  # the column of `latest_valid_us` (run_values)
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,13 @@ class TimestampValidity:
         """The newest event time that counts: later ones are from the future."""
         return self.clock_us + self.future_tolerance_us
 
+    def run_values(self) -> dict[str, int]:
+        """The values `from_future` reads from the frame (spark_ops/schemas.py: with_run_values)."""
+        return {LATEST_VALID: self.latest_valid_us}
+
     def from_future(self, timestamp: Column) -> Column:
-        return timestamp > F.lit(self.latest_valid_us)
+        """On a frame that carries `run_values()`."""
+        return timestamp > F.col(LATEST_VALID)
 
     def before_query(self, click_timestamp: Column, query_timestamp: Column) -> Column:
         return click_timestamp < query_timestamp - F.lit(self.before_query_tolerance_us)
