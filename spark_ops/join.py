@@ -52,8 +52,8 @@ from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
 from spark_ops.pending import STREAM_PROGRESS, PendingPolicy, record_pending
 from spark_ops.registry_calls import commit_ids, grant_clicks, lookup_clicks
-from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
 from spark_ops.schemas import with_run_values
+from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
 from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, LATEST_VALID, TimestampValidity
 
 Adapter = Callable[[DataFrame], DataFrame]
