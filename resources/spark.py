@@ -86,10 +86,7 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         "spark.ui.dagGraph.retainedRootRDDs": "100",
         # Small tables on few cores: rebuilding a Delta snapshot over 50 partitions is pure overhead.
         "spark.databricks.delta.snapshotPartitions": "2",
-        # Spark keeps the classes it compiles from generated code in a cache of 100, keyed by class
-        # loader and code: the py4j thread that plans a stage and the executor that runs it compile
-        # theirs apart. A live pass cycles through ~180 such entries, so every pass compiled them all
-        # again (3 compiles a second, 13 % of a core in Janino, benchmarks/README.md round eleven).
+        # A pass uses ~180 compiled codes: Spark's default cache of 100 recompiled them all (docs/STACK.md).
         "spark.sql.codegen.cache.maxEntries": "1000",
         "spark.databricks.delta.stats.collect": "true",
         "spark.sql.adaptive.enabled": "true",
