@@ -106,6 +106,12 @@ run_coordinator:
       - key: dagster/sensor_name
         value: joined_clicks_freshness_sensor
         limit: 1
+# Each sensor the daemon ticks on a thread of its own: a click log dispatcher's tick may wait for its
+# run in flight to finish (sensors/dispatcher.py: await_run_end) while the others tick. `photon run`
+# ticks them itself, one after another, and its ticks never wait.
+sensors:
+  use_threads: true
+  num_workers: 8
 telemetry:
   enabled: false
 # No community sign-up dialog over the UI of a deployment.

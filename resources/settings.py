@@ -28,6 +28,12 @@ class PipelineSettings(dg.ConfigurableResource):
     # is cut once one finishes, into units of the catch-up size when it is large: a run's fixed cost
     # is then paid per batch of data, not per sensor tick. 0: no limit.
     dispatcher_max_in_flight: int = 1
+    # Under the daemon (`photon up`), sensors tick every 5 s at most (Dagster's sensor loop): a click
+    # log dispatcher under back-pressure then cut its next unit 2.6 s on average after the run in
+    # flight ended, a third of a click run's cycle at 1,000 clicks/s. Its tick waits up to this long
+    # for that run to finish, and cuts at once (below the loop's 5 s, so a tick never spans two).
+    # `photon run` ticks every second and never waits. 0: never.
+    dispatcher_tick_wait_seconds: float = 4.5
     # Freshness (photon_assets/checks.py: joined_clicks_freshness): under live logs every click pass
     # materializes joined_clicks; none for this long means the pipeline stopped joining.
     joined_clicks_fresh_within_seconds: float = 600.0

@@ -28,6 +28,9 @@ class SensorDeps:
     # The registry, opened when first asked for: a single datacenter's dispatchers never ask, and
     # an embedded registry holds its DuckDB files for the whole process once opened.
     registry: Callable[[], IdRegistry]
+    # Whether the daemon ticks these sensors, each on a thread of its own (`photon up`): only then may
+    # a tick wait (sensors/dispatcher.py: await_run_end); `photon run` ticks them one after another.
+    ticked_by_daemon: bool = False
 
 
 _instances: dict[str, dg.DagsterInstance] = {}

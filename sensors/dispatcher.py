@@ -219,9 +219,25 @@ def log_dispatcher(dc: str, stream: str, data_dir: str, deps: SensorDeps) -> dg.
     )
     def _dispatcher(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         maker = WorkUnitMaker(DataLayout(Path(data_dir)), dc, stream, deps.registry, deps.settings)
+        if stream == "click" and deps.ticked_by_daemon:
+            await_run_end(sensor_instance(context), maker)
         return dispatch(context, maker)
 
     return _dispatcher
+
+
+# How often a waiting tick looks at the run in flight (a count of its runs in the instance).
+RUN_END_POLL_SECONDS = 0.1
+
+
+def await_run_end(instance: dg.DagsterInstance, maker: WorkUnitMaker) -> None:
+    """Under back-pressure, waits up to `dispatcher_tick_wait_seconds` for one of the dispatcher's
+    runs in flight to finish, so that the tick cuts the next unit as soon as it may (no lock is held
+    meanwhile: a catch-up run may cut units of its own)."""
+    limit, wait = maker.settings.dispatcher_max_in_flight, maker.settings.dispatcher_tick_wait_seconds
+    deadline = time.monotonic() + wait
+    while 0 < limit <= log_runs_in_flight(instance, maker.dc, maker.stream) and time.monotonic() < deadline:
+        time.sleep(RUN_END_POLL_SECONDS)
 
 
 @dataclass

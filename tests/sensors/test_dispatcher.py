@@ -1,4 +1,5 @@
 import json
+import threading
 import time
 from functools import partial
 
@@ -127,6 +128,48 @@ def test_back_pressure_cuts_nothing_while_the_dispatchers_own_run_is_unfinished(
     [caught_up] = evaluate(sensor, instance, cursor=held.cursor, dispatcher_max_in_flight=0, **sizes).run_requests
     [unit] = [caught_up.run_config["ops"]["ingest_query_logs"]["config"]["ranges"]]
     assert [(r["file"], r["start"], r["end"]) for r in unit] == [("w/1.jsonl", 0, (writer_dir / "1.jsonl").stat().st_size)]
+
+
+def test_under_the_daemon_a_click_tick_waits_for_its_run_in_flight_to_end_and_cuts_at_once(tmp_path, instance):
+    """The daemon ticks sensors every 5 s at most: a click log dispatcher it ticks, held back by its
+    run in flight, waits for that run to end (up to dispatcher_tick_wait_seconds) and cuts what
+    arrived meanwhile in the same tick; with the run never ending, it gives up at the wait's end."""
+    click_dir = tmp_path / "logs" / "dc1" / "click" / "w"
+    write_lines(click_dir / "0.jsonl", [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i) for i in range(3)])
+    registry = IdRegistryResource(data_dir=instance.root_directory)
+    settings = PipelineSettings(pacing_max_hold_seconds=0, dispatcher_tick_wait_seconds=4.5)
+    sensor = log_dispatcher("dc1", "click", str(tmp_path), SensorDeps(settings, registry.get, ticked_by_daemon=True))
+    first = sensor(dg.build_sensor_context(instance=instance))
+    [request] = first.run_requests
+    run = create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.STARTED, tags=request.tags)
+    write_lines(click_dir / "1.jsonl", [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i) for i in range(3, 6)])
+
+    def run_ends():
+        time.sleep(0.5)  # the run's work
+        instance.report_dagster_event(dg.DagsterEvent(event_type_value="PIPELINE_SUCCESS", job_name=JOIN_CLICKS_JOB),
+                                      run.run_id)
+
+    ender = threading.Thread(target=run_ends)
+    started = time.monotonic()
+    ender.start()
+    second = sensor(dg.build_sensor_context(instance=instance, cursor=first.cursor))
+    [cut] = second.run_requests
+    waited = time.monotonic() - started
+    ender.join()
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS
+    assert 0.5 <= waited < 4.5
+    ranges = cut.run_config["ops"]["join_clicks"]["config"]["ranges"]
+    assert [(r["file"], r["start"]) for r in ranges] == [("w/1.jsonl", 0)]
+
+    # A run that does not end: the tick gives up after the wait, held back as before.
+    create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.STARTED, tags=cut.tags)
+    write_lines(click_dir / "2.jsonl", [click("10.0.0.1:1:9", "10.0.0.2:2:1", 9)])
+    short = log_dispatcher("dc1", "click", str(tmp_path), SensorDeps(
+        PipelineSettings(pacing_max_hold_seconds=0, dispatcher_tick_wait_seconds=0.3), registry.get, ticked_by_daemon=True))
+    started = time.monotonic()
+    held = short(dg.build_sensor_context(instance=instance, cursor=second.cursor))
+    assert held.run_requests == [] and held.skip_reason.skip_message.startswith("back-pressure: 1 work unit(s)")
+    assert time.monotonic() - started >= 0.3
 
 
 def failed_run(instance, unit: str, attempt: int, stream: str = "click"):
