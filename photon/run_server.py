@@ -4,8 +4,9 @@ uses it (issue 42, item 3).
 Dagster's default run launcher asks the code server to start each run in a new Python process, which
 imports Dagster, the code location and the Spark Connect client before its first Spark job: 6-20 s
 on two busy cores, 3.5-4 s of CPU a run. `photon up` instead starts one warm process,
-`python -m photon.run_server`, that has imported all of that once (it opens nothing: no instance, no
-Spark session, no thread, so that a fork of it is safe), listens on a Unix socket under the data
+`python -m photon.run_server`, that has imported all of that once (and opened the instance once, then
+closed it; it holds nothing open: no instance, no Spark session, no thread, so that a fork of it is
+safe), listens on a Unix socket under the data
 directory, and forks a child per run. The child opens the instance and executes the run exactly as
 `dagster api execute_run` does (`_execute_run_command_body`: the run's events, its engine event with
 the pid, its cancellation thread), then exits.
@@ -124,14 +125,19 @@ CODE_LOCATION_MODULE = "definitions"
 
 def _warm_up() -> None:
     """What every run imports: Dagster, the code location (loaded by its module's name, as Dagster
-    loads it for a run; it builds the Definitions from the environment) and the Spark Connect
-    client, each without opening anything."""
+    loads it for a run; it builds the Definitions from the environment, and its repository is resolved
+    here once) and the Spark Connect client; and the instance, opened once and closed: its first open
+    imports its storages (~430 modules, 0.7-2 s of each run's start on two busy cores) and holds no
+    connection or thread once closed, so the process still opens nothing that a fork would share."""
     import importlib
 
+    import dagster as dg
     import dagster._cli.api  # noqa: F401
     import pyspark.sql.connect.session  # noqa: F401
 
-    importlib.import_module(CODE_LOCATION_MODULE)
+    importlib.import_module(CODE_LOCATION_MODULE).defs.get_repository_def()
+    with dg.DagsterInstance.get():
+        pass
 
 
 def serve(path: Path) -> None:

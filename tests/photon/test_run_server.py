@@ -38,3 +38,19 @@ def test_a_run_whose_process_is_gone_is_reported_failed_to_run_monitoring(tmp_pa
                                      engine_event_data=EngineEventData({"pid": str(child.pid)}))
         child.wait()
         assert launcher.check_run_worker_health(run).status == WorkerStatus.FAILED
+
+
+def test_the_warm_run_server_holds_nothing_open_that_a_fork_would_share(tmp_path, monkeypatch):
+    """The run server opens the instance once to import its storages, and closes it: no thread and
+    no open file of the instance (its SQLite databases) is left for the forked runs to share."""
+    layout = DataLayout(tmp_path)
+    for name in ("DAGSTER_HOME", "PHOTON_DATA_DIR", "PHOTON_DATACENTERS", "PHOTON_RUN_LOG_LEVEL"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    prepare_environment(layout, ["dc1"], "INFO")
+    instance_at(layout.dagster_home).dispose()  # the storages exist, as under `photon up`
+    probe = ("import os, sys, threading; from photon.run_server import _warm_up; _warm_up(); fds = os.listdir('/proc/self/fd'); "
+             "print(threading.active_count(), 'sqlalchemy' in sys.modules, "
+             "[t for t in (os.path.realpath(f'/proc/self/fd/{fd}') for fd in fds) if t.startswith(os.environ['DAGSTER_HOME'])])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=os.environ, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "1 True []", out.stdout
