@@ -137,7 +137,7 @@ def test_under_the_daemon_a_click_tick_waits_for_its_run_in_flight_to_end_and_cu
     click_dir = tmp_path / "logs" / "dc1" / "click" / "w"
     write_lines(click_dir / "0.jsonl", [click(f"10.0.0.1:1:{i}", "10.0.0.2:2:1", i) for i in range(3)])
     registry = IdRegistryResource(data_dir=instance.root_directory)
-    settings = PipelineSettings(pacing_max_hold_seconds=0, dispatcher_tick_wait_seconds=4.5)
+    settings = PipelineSettings(pacing_max_hold_seconds=0, dispatcher_tick_wait_seconds=3.5)
     sensor = log_dispatcher("dc1", "click", str(tmp_path), SensorDeps(settings, registry.get, ticked_by_daemon=True))
     first = sensor(dg.build_sensor_context(instance=instance))
     [request] = first.run_requests
@@ -157,7 +157,7 @@ def test_under_the_daemon_a_click_tick_waits_for_its_run_in_flight_to_end_and_cu
     waited = time.monotonic() - started
     ender.join()
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS
-    assert 0.5 <= waited < 4.5
+    assert 0.5 <= waited < 3.5
     ranges = cut.run_config["ops"]["join_clicks"]["config"]["ranges"]
     assert [(r["file"], r["start"]) for r in ranges] == [("w/1.jsonl", 0)]
 
