@@ -42,8 +42,8 @@ UPKEEP_MAX_TICK_SECONDS = 15
 
 
 def upkeep_interval(cadence_seconds: float, deps: SensorDeps) -> int:
-    """How often an upkeep sensor ticks: under the daemon, four times per cadence, and at least every
-    15 s (a run then comes at most a quarter of its cadence late); under `photon run`, in every pass
+    """How often an upkeep sensor ticks: under the daemon, four times per cadence and at least once
+    every 15 s (a run then comes at most a quarter of its cadence late); under `photon run`, in every pass
     (its idleness is a pass in which every sensor ticked and none launched: photon/runner.py)."""
     if not deps.ticked_by_daemon:
         return MIN_INTERVAL_SECONDS
