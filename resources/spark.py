@@ -21,6 +21,7 @@ from pathlib import Path
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
+from resources.class_archive import archive_options
 from resources.state.layout import REPO_ROOT
 
 DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
@@ -126,9 +127,10 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
 
 
 def jvm_options() -> dict[str, str]:
-    """PHOTON_JVM_OPTIONS for the driver, and for executors where they are JVMs of their own (a
-    standalone cluster's)."""
-    options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
+    """PHOTON_JVM_OPTIONS and the class archive (resources/class_archive.py) for the driver, and for
+    executors where they are JVMs of their own (a standalone cluster's)."""
+    user_options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
+    options = " ".join([user_options, *archive_options(user_options)]).strip()
     return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options} if options else {}
 
 

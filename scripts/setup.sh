@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: the .venv with the pinned packages and the
 # project itself, and Delta Lake's JVM jars fetched once from Maven Central into .cache/jars
-# (git-ignored), from where every Spark session loads them; Apache Flink's own .venv-flink and jars
+# (git-ignored), from where every Spark session loads them, and the JVM class archive made from them
+# (.cache/jvm); Apache Flink's own .venv-flink and jars
 # for the benchmark's Flink peer; and Debian's chromium for the browser test (tests/e2e/test_ui.py;
 # Playwright's own browser download is not reachable here).
 set -euo pipefail
@@ -32,6 +33,12 @@ if ! ls .cache/jars/delta-spark_2.13-*.jar .cache/jars/delta-storage-*.jar >/dev
   mvn --batch-mode --quiet -f scripts/jars-pom.xml -Dmaven.repo.local="$PWD/.cache/m2" \
     dependency:copy-dependencies -DoutputDirectory="$PWD/.cache/jars"
 fi
+
+# The JVM class archive (resources/class_archive.py): Spark's, Delta's and Connect's classes laid out
+# once, so each JVM of the pipeline maps them instead of loading them from the jars (~6 s off a cold
+# start). Made by a training run over the demo workload, ~70 s, once per Java, pyspark and Delta version;
+# without it (the line says why) everything runs the same, slower to start.
+.venv/bin/python -m photon.class_archive || true
 
 # Apache Flink for the benchmark's Flink peer (benchmarks/flink_join.py, run by benchmarks/peers.py):
 # PyFlink pins pyarrow, pandas, py4j and apache-beam to versions the .venv cannot share, so it has a

@@ -32,6 +32,8 @@ QUICK = (
     "tests/resources/state/test_work_unit_log.py",
     "tests/resources/registry/test_ownership.py",
     "tests/resources/test_spark.py",
+    "tests/resources/test_class_archive.py::test_the_archive_reaches",
+    "tests/resources/test_class_archive.py::test_the_archive_is_named",
     "tests/resources/runtime/test_process_groups.py",
     "tests/photon/",
     "tests/spark_ops/test_events.py",

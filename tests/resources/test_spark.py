@@ -1,10 +1,12 @@
 """The settings of the JVM that runs the pipeline reach it the same way in both Spark modes."""
 
+from resources import class_archive
 from resources.runtime.spark_connect import server_command
 from resources.spark import JVM_OPTIONS_ENV, local_conf
 
 
-def test_jvm_options_from_the_environment_reach_the_driver_and_executors_in_both_modes(monkeypatch):
+def test_jvm_options_from_the_environment_reach_the_driver_and_executors_in_both_modes(tmp_path, monkeypatch):
+    monkeypatch.setattr(class_archive, "ARCHIVE_DIR", tmp_path)  # no class archive (test_class_archive.py)
     monkeypatch.delenv(JVM_OPTIONS_ENV, raising=False)
     assert "spark.driver.extraJavaOptions" not in local_conf()
     assert not any("extraJavaOptions" in arg for arg in server_command(15002))

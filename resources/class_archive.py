@@ -1,0 +1,62 @@
+"""The JVM's class archive: the classes of Spark, Delta and Spark Connect that the pipeline loads, parsed,
+verified and laid out once in a file every later JVM maps (Java's AppCDS, a dynamic archive).
+
+A cold JVM loads ~26,000 classes from the jars in its first minutes, ~25 s of CPU on two cores
+(docs/STACK.md); from the archive it maps most of them. scripts/setup.sh makes the archive
+(photon/class_archive.py: a Connect server that dumps what it loaded while the demo workload runs
+through it), and every JVM that runs the pipeline, a local session's or the Connect server's, uses it
+when it exists (resources/spark.py: jvm_options). Both modes share one archive: it holds the Connect
+server's classes and all the pipeline's.
+
+The JVM checks the archive against its own build and class path and, when they do not match, loads
+from the jars as without it (one warning line). The file's name carries a fingerprint of the Java
+binary, pyspark and the jars Spark loads, so that setup makes a new archive when one of them changes
+instead of leaving a stale one unused. Benchmark peers never get it: it is Photon's setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from functools import cache
+from importlib.metadata import version
+from pathlib import Path
+
+from resources.state.layout import REPO_ROOT
+
+ARCHIVE_DIR = REPO_ROOT / ".cache" / "jvm"
+JARS_DIR = REPO_ROOT / ".cache" / "jars"
+# Options that already decide the JVM's class sharing: given any of them, the archive is not added.
+SHARING_OPTIONS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")
+
+
+def java_binary() -> Path:
+    """The `java` Spark's launcher runs: JAVA_HOME's, else the first on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not found:
+        raise RuntimeError("Java 17 is required (java not found)")
+    return Path(found).resolve()
+
+
+@cache
+def fingerprint() -> str:
+    java = java_binary()
+    stat = java.stat()
+    jars = sorted(path.name for path in JARS_DIR.glob("*.jar")) if JARS_DIR.is_dir() else []
+    parts = [str(java), str(stat.st_size), str(stat.st_mtime_ns), version("pyspark"), *jars]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def archive_path(archive_dir: Path | None = None) -> Path:
+    return (archive_dir or ARCHIVE_DIR) / f"spark-{fingerprint()}.jsa"
+
+
+def archive_options(user_options: str, archive_dir: Path | None = None) -> list[str]:
+    """The JVM option that maps the archive, if this machine has one and `user_options` (PHOTON_JVM_OPTIONS)
+    do not already decide class sharing (e.g. `-Xshare:off`, or the training run's own dump)."""
+    path = archive_path(archive_dir)
+    if any(option in user_options for option in SHARING_OPTIONS) or not path.is_file():
+        return []
+    return [f"-XX:SharedArchiveFile={path}"]

@@ -1,0 +1,73 @@
+"""The JVM class archive: added to the pipeline's JVMs when setup made it, and mapped by them."""
+
+import os
+from pathlib import Path
+
+from resources import class_archive
+from resources.class_archive import archive_options, archive_path
+from resources.runtime.spark_connect import server_command
+from resources.spark import JVM_OPTIONS_ENV, local_conf
+
+
+def test_the_archive_reaches_both_modes_only_when_it_exists_and_sharing_is_not_decided_already(tmp_path, monkeypatch):
+    monkeypatch.setattr(class_archive, "ARCHIVE_DIR", tmp_path)
+    monkeypatch.delenv(JVM_OPTIONS_ENV, raising=False)
+    assert archive_options("") == []
+    assert "spark.driver.extraJavaOptions" not in local_conf()
+
+    archive_path().write_bytes(b"")
+    option = f"-XX:SharedArchiveFile={tmp_path / archive_path().name}"
+    assert archive_options("") == [option]
+    assert local_conf()["spark.driver.extraJavaOptions"] == option
+    assert f"spark.driver.extraJavaOptions={option}" in server_command(15002)
+
+    monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:+UseSerialGC")
+    assert local_conf()["spark.driver.extraJavaOptions"] == f"-XX:+UseSerialGC {option}"
+    # The user's own choice of sharing wins, and the training run's dump never maps an archive.
+    for decided in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa", "-XX:ArchiveClassesAtExit=/new.jsa"):
+        assert archive_options(decided) == []
+    monkeypatch.setenv(JVM_OPTIONS_ENV, "-Xshare:off")
+    assert local_conf()["spark.driver.extraJavaOptions"] == "-Xshare:off"
+
+
+def test_the_archive_is_named_after_the_java_pyspark_and_jars_it_was_made_with(tmp_path, monkeypatch):
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    monkeypatch.setattr(class_archive, "JARS_DIR", jars)
+    class_archive.fingerprint.cache_clear()
+    try:
+        before = archive_path().name
+        (jars / "delta-spark_2.13-9.9.9.jar").write_bytes(b"")
+        class_archive.fingerprint.cache_clear()
+        assert archive_path().name != before
+    finally:
+        class_archive.fingerprint.cache_clear()
+
+
+def java_descendants(pid: int) -> list[int]:
+    """The java processes under `pid` (Spark's launcher starts the JVM as this process's child or grandchild)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found = []
+    for child in parents:
+        ancestor = parents.get(child)
+        while ancestor and ancestor != pid:
+            ancestor = parents.get(ancestor)
+        if ancestor == pid and (Path("/proc") / str(child) / "comm").read_text().strip() == "java":
+            found.append(child)
+    return found
+
+
+def test_the_suites_jvm_maps_the_archive_setup_made(spark):
+    path = archive_path()
+    assert path.is_file(), f"scripts/setup.sh made no class archive {path} (its log: {path.parent / 'training.log'})"
+    [jvm] = java_descendants(os.getpid())
+    mapped = (Path("/proc") / str(jvm) / "maps").read_text()
+    # The JVM unmaps an archive that does not match it (its build, its class path) and loads from the jars.
+    assert str(path) in mapped, f"the session's JVM did not map {path}"
