@@ -25,7 +25,7 @@ from resources.spark import spark_resource_from_env
 from resources.state.layout import DATA_DIR_ENV, DataLayout
 from resources.storage import WarehouseResource
 from sensors.deps import SensorDeps
-from sensors.dispatcher import SENSORS_RUNNING_ENV, log_dispatcher, pending_dispatcher
+from sensors.dispatcher import log_dispatcher, pending_dispatcher, ticked_by_daemon
 from sensors.freshness import freshness_sensor
 from sensors.upkeep import aggregates_refresher, table_checker, table_maintainer
 
@@ -38,7 +38,7 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
     settings = pipeline_settings()
     freshness = joined_clicks_freshness(settings.joined_clicks_fresh_within_seconds)
     deps = SensorDeps(settings, registry_resource_from_env(data_dir, resolved=True).get,
-                      ticked_by_daemon=bool(os.environ.get(SENSORS_RUNNING_ENV)))
+                      ticked_by_daemon=ticked_by_daemon())
     return dg.Definitions(
         # The implicit asset job's runs (the freshness check's, Materialize in the UI) too: a process per
         # step (Dagster's default, multiprocess) cost them ~5 s of start each.

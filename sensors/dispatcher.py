@@ -187,10 +187,14 @@ def pace_clicks(
 SENSORS_RUNNING_ENV = "PHOTON_SENSORS_RUNNING"
 
 
+def ticked_by_daemon() -> bool:
+    """Whether this process's sensors are `photon up`'s, ticked by its daemon (PHOTON_SENSORS_RUNNING)."""
+    return bool(os.environ.get(SENSORS_RUNNING_ENV))
+
+
 def default_status() -> dg.DefaultSensorStatus:
     """Stopped unless PHOTON_SENSORS_RUNNING is set; a status set in the UI or by `photon run` wins."""
-    running = os.environ.get(SENSORS_RUNNING_ENV)
-    return dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
+    return dg.DefaultSensorStatus.RUNNING if ticked_by_daemon() else dg.DefaultSensorStatus.STOPPED
 
 
 def work_unit_bytes(stream: str, backlog_bytes: int, settings: PipelineSettings) -> int:
