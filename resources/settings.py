@@ -77,18 +77,15 @@ class PipelineSettings(dg.ConfigurableResource):
     # with the most files first). A pass appends a file to each hot table: at 16 files all seven were
     # compacted and vacuumed every ~4 minutes, in one run holding a live `photon run`'s passes for
     # 60-84 s, or spread one a run at 12-24 s a run (2026-11-26). Nothing on the click path reads
-    # these tables whole, so they may hold more files. But a compaction holds its table's lock, and at
-    # 64 files (~64 MB of joined_clicks, two bins side by side) it held both cores and the lock for
-    # 19 s, a click run beside it took 23 s instead of ~6 (2026-11-28): at 24 files a compaction is
-    # one bin (resources/spark.py: SMALL_FILE_BYTES), one task on one core, about half as long, and
-    # two a run keep up with a pass every ~7 s.
+    # these tables whole, so they may hold more files: at one or two files a pass every ~15 s, 64
+    # files is 8-16 minutes.
     aggregates_refresh_seconds: float = 60.0
     # Under the daemon the whole-table checks run this often while the tables change, and once more
     # when the pipeline is idle (sensors/upkeep.py: table_checker).
     table_checks_every_seconds: float = 180.0
     maintenance_every_seconds: float = 60.0
-    maintenance_compact_at_files: int = 24
-    maintenance_compact_tables_per_run: int = 2
+    maintenance_compact_at_files: int = 64
+    maintenance_compact_tables_per_run: int = 1
     # Pending clicks (Photon §3.2.1): retried only when query data that could hold their query has
     # arrived, and no sooner than base * 2^(attempts-1) seconds after the last attempt.
     pending_backoff_seconds: float = 2.0

@@ -109,9 +109,6 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         # 22.3 s in the one task of Delta's default 1 GiB bin).
         "spark.databricks.delta.optimize.minFileSize": str(SMALL_FILE_BYTES),
         "spark.databricks.delta.optimize.maxFileSize": str(2 * SMALL_FILE_BYTES),
-        # ...and one bin at a time, so a compaction takes one core: with its bins side by side on both,
-        # a click run's parse waited 12.8 s for a core (a live `photon up`, 2026-11-28).
-        "spark.databricks.delta.optimize.maxThreads": "1",
         # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's 7-day
         # default; click runs never read snapshots older than that.
         "spark.databricks.delta.retentionDurationCheck.enabled": "false",
