@@ -53,10 +53,22 @@ def archive_path(archive_dir: Path | None = None) -> Path:
     return (archive_dir or ARCHIVE_DIR) / f"spark-{fingerprint()}.jsa"
 
 
-def archive_options(user_options: str, archive_dir: Path | None = None) -> list[str]:
-    """The JVM option that maps the archive, if this machine has one and `user_options` (PHOTON_JVM_OPTIONS)
-    do not already decide class sharing (e.g. `-Xshare:off`, or the training run's own dump)."""
+def archive_in_use(user_options: str, archive_dir: Path | None = None) -> Path | None:
+    """The archive the pipeline's JVMs map: this machine's, unless `user_options` (PHOTON_JVM_OPTIONS)
+    already decide class sharing (e.g. `-Xshare:off`, or the training run's own dump)."""
     path = archive_path(archive_dir)
     if any(option in user_options for option in SHARING_OPTIONS) or not path.is_file():
+        return None
+    return path
+
+
+def archive_options(user_options: str, archive_dir: Path | None = None) -> list[str]:
+    """The JVM options that map the archive in use, if any."""
+    path = archive_in_use(user_options, archive_dir)
+    if path is None:
         return []
-    return [f"-XX:SharedArchiveFile={path}"]
+    # Java 17.0.15 maps archives at a random address by default (ArchiveRelocationMode=1) and then
+    # patches every pointer in them: the whole 200 MB read and made private at each start. Mode 0 maps
+    # them where they were made for (the JVM relocates only if that address is taken): pages are read
+    # as classes are used, and stay shared between JVMs (docs/STACK.md).
+    return ["-XX:+UnlockDiagnosticVMOptions", "-XX:ArchiveRelocationMode=0", f"-XX:SharedArchiveFile={path}"]
