@@ -67,7 +67,11 @@ def java_descendants(pid: int) -> list[int]:
 def test_the_suites_jvm_maps_the_archive_setup_made(spark):
     path = archive_path()
     assert path.is_file(), f"scripts/setup.sh made no class archive {path} (its log: {path.parent / 'training.log'})"
-    [jvm] = java_descendants(os.getpid())
-    mapped = (Path("/proc") / str(jvm) / "maps").read_text()
-    # The JVM unmaps an archive that does not match it (its build, its class path) and loads from the jars.
-    assert str(path) in mapped, f"the session's JVM did not map {path}"
+    # The local session's JVM, and any Connect server an earlier test of this worker started (not the
+    # JVMs of a standalone cluster, which Photon's options do not reach).
+    told = f"-XX:SharedArchiveFile={path}".encode()
+    jvms = [jvm for jvm in java_descendants(os.getpid()) if told in (Path("/proc") / str(jvm) / "cmdline").read_bytes()]
+    assert jvms, "no JVM of this test process was started with the archive"
+    for jvm in jvms:
+        # A JVM unmaps an archive that does not match it (its build, its class path) and loads from the jars.
+        assert str(path) in (Path("/proc") / str(jvm) / "maps").read_text(), f"JVM {jvm} did not map {path}"
