@@ -26,6 +26,8 @@ from pathlib import Path
 from resources.state.layout import REPO_ROOT
 
 ARCHIVE_DIR = REPO_ROOT / ".cache" / "jvm"
+# Where scripts/setup.sh puts the jars Spark loads besides its own (Delta's); resources/spark.py loads
+# them from here, and the archive's name follows them.
 JARS_DIR = REPO_ROOT / ".cache" / "jars"
 # Options that already decide the JVM's class sharing: given any of them, the archive is not added.
 SHARING_OPTIONS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")

@@ -21,10 +21,9 @@ from pathlib import Path
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
+from resources.class_archive import JARS_DIR as DEFAULT_JARS_DIR
 from resources.class_archive import archive_options
-from resources.state.layout import REPO_ROOT
 
-DEFAULT_JARS_DIR = REPO_ROOT / ".cache" / "jars"
 DELTA_JARS = ("delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar")
 # `sc://HOST:PORT` of the Spark Connect server every run of this deployment uses; unset: local mode.
 SPARK_REMOTE_ENV = "PHOTON_SPARK_REMOTE"
