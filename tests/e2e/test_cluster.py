@@ -4,6 +4,7 @@ service themselves; the output is exactly once."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,20 +35,33 @@ def master_state(web_port: int) -> dict:
         return json.load(answer)
 
 
+def bound_ports(log: Path, deadline: float) -> tuple[int, int]:
+    """The ports the master bound, from its log: a free port chosen here can be taken by another
+    test's JVM before the master binds it, and Spark then moves on to the next port."""
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        port = re.search(r"Starting Spark master at spark://127\.0\.0\.1:(\d+)", text)
+        web_port = re.search(r"Bound MasterWebUI to .*? started at http://[^:]+:(\d+)", text)
+        if port and web_port:
+            return int(port.group(1)), int(web_port.group(1))
+        assert time.monotonic() < deadline, f"the standalone master did not come up: {text[-2000:]}"
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A standalone master, two one-core workers, and a Spark Connect server whose master it is."""
     root = tmp_path_factory.mktemp("cluster")
-    port, web_port = free_port(), free_port()
     processes = [spawn([SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                        "--port", str(port), "--webui-port", str(web_port)], root / "master.log")]
+                        "--port", str(free_port()), "--webui-port", str(free_port())], root / "master.log")]
     try:
+        deadline = time.monotonic() + 120
+        port, web_port = bound_ports(root / "master.log", deadline)
         for n in (1, 2):
             processes.append(spawn(
                 [SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host",
                  "127.0.0.1", "--cores", "1", "--memory", "2g", "--webui-port", str(free_port()),
                  "--work-dir", str(root / f"worker{n}")], root / f"worker{n}.log"))
-        deadline = time.monotonic() + 120
         while True:
             try:
                 if master_state(web_port)["aliveworkers"] == 2:
