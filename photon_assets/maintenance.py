@@ -31,7 +31,7 @@ from resources.storage import WarehouseResource
 from spark_ops.event_store import evict_from_cache
 from spark_ops.meter import count_commit, metered
 from spark_ops.pending import compact_pending
-from spark_ops.tables import delta_path, files_under, table_committed, table_lock, vacuum
+from spark_ops.tables import compact, files_under, table_committed, vacuum
 
 MAINTENANCE_JOB = "maintain_tables"
 # Small files are compacted where the passes add them; click_aggregates is rewritten by its refreshes,
@@ -74,7 +74,8 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
         session = spark.session()
         tables = warehouse.tables()
         now_us = time.time_ns() // 1000
-        done: dict = {"queries_evicted": {}, "pending_records": {}, "compacted": [], "vacuumed": []}
+        done: dict = {"queries_evicted": {}, "pending_records": {}, "compacted": [],
+                      "compactions_lost_to_a_concurrent_rewrite": [], "vacuumed": []}
         removed_from = set()  # tables this run removed files from
         for dc in warehouse.layout.datacenters():
             done["queries_evicted"][dc] = evict_durable_tier(session, warehouse, settings, dc, now_us)
@@ -93,9 +94,10 @@ def maintain(context: dg.OpExecutionContext, spark: SparkResource, warehouse: Wa
             # pending_clicks was rewritten to its current records above: OPTIMIZE only if as many files are left.
             if name == "pending_clicks" and small_files_held(path) < settings.maintenance_compact_at_files:
                 continue
-            with table_lock(path):
-                optimized = session.sql(f"OPTIMIZE {delta_path(path)}").collect()[0]["metrics"]
-            if optimized["numFilesRemoved"]:  # with nothing to compact, Delta commits nothing
+            removed = compact(session, path)  # without the table's lock: click runs append beside it
+            if removed is None:
+                done["compactions_lost_to_a_concurrent_rewrite"].append(name)
+            elif removed:  # with nothing to compact, Delta commits nothing
                 count_commit(name)
                 done["compacted"].append(name)
                 removed_from.add(name)

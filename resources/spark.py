@@ -23,6 +23,8 @@ from pyspark.sql import SparkSession
 
 from resources.class_archive import JARS_DIR as DEFAULT_JARS_DIR
 from resources.class_archive import archive_options
+from resources.log_store import CLASS_NAME as LOG_STORE_CLASS
+from resources.log_store import log_store_jar
 
 DELTA_JARS = ("delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar")
 # `sc://HOST:PORT` of the Spark Connect server every run of this deployment uses; unset: local mode.
@@ -66,7 +68,10 @@ UNIQUE_COLUMNS = ("query_id", "click_id", "timestamp_us", "offset", "query.query
 def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -> dict[str, str]:
     """The settings of the JVM that runs the pipeline: a local session's or the Connect server's."""
     return {
-        "spark.jars": ",".join(delta_jars(jars_dir)),
+        "spark.jars": ",".join([*delta_jars(jars_dir), str(log_store_jar(jars_dir))]),
+        # Commits that never replace one another across processes (resources/log_store.py), so that
+        # OPTIMIZE commits without holding the table's lock.
+        "spark.delta.logStore.file.impl": LOG_STORE_CLASS,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),

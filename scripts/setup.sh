@@ -34,6 +34,10 @@ if ! ls .cache/jars/delta-spark_2.13-*.jar .cache/jars/delta-storage-*.jar >/dev
     dependency:copy-dependencies -DoutputDirectory="$PWD/.cache/jars"
 fi
 
+# Delta's log store for this project's tables (resources/log_store.py): one Java class, compiled with
+# the JDK's javac against the jars above, in ~2 s, once per version of its source.
+.venv/bin/python -m resources.log_store
+
 # The JVM class archive (resources/class_archive.py): Spark's, Delta's and Connect's classes laid out
 # once, so each JVM of the pipeline maps them instead of loading them from the jars (~6 s off a cold
 # start). Made by a training run over the demo workload, ~70 s, once per Java, pyspark and Delta version;

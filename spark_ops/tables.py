@@ -16,9 +16,12 @@ Delta is reached through SQL and the DataFrame writer only, never the `DeltaTabl
 API has no Spark Connect backend for delta-spark 4.0 (resources/spark.py), and the same code runs on
 a local session and a Connect session.
 
-Every commit holds the table's lock (`table_lock`). Delta needs the storage to let only one writer
-create a given log file; on a local file system its LogStore guarantees that only within one JVM, and
-each datacenter's `photon run` is its own JVM writing the same tables.
+Every commit but a compaction's holds the table's lock (`table_lock`): a run that reads a table
+and then rewrites it (recovery, the pending clicks' compaction) must not miss an append made in
+between, which Delta's conflict checks let through (a blind append never conflicts). That a log file
+is created by one writer only, across the JVMs of two datacenters, is the log store's promise
+(resources/log_store.py), not the lock's: so `compact` (OPTIMIZE, seconds of rewriting) holds no lock,
+and a click run's append beside it waits for nothing.
 """
 
 from __future__ import annotations
@@ -229,6 +232,25 @@ def vacuum(spark: SparkSession, path: str, retain_hours: int) -> None:
         raise ValueError(f"VACUUM retains whole hours (Delta rounds fractions): got {retain_hours!r}")
     with table_lock(path):
         spark.sql(f"VACUUM {delta_path(path)} RETAIN {retain_hours} HOURS")
+
+
+# Delta's errors for a commit that lost to a concurrent one it conflicts with (delta-error-classes.json).
+CONCURRENT_COMMIT_ERRORS = ("DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_DELETE_DELETE", "DELTA_CONCURRENT_DELETE_READ",
+                            "DELTA_CONCURRENT_TRANSACTION", "DELTA_CONCURRENT_WRITE")
+
+
+def compact(spark: SparkSession, path: str) -> int | None:
+    """OPTIMIZE of the Delta table at `path`, without its lock: the files it removes it adds again as
+    they were (no data change), so an append beside it never conflicts with it, and Delta rebases it
+    onto one. Returns how many files it removed (none: Delta committed nothing), or None when it lost
+    to a concurrent rewrite of the files it compacted (recovery, a retry's MERGE): those files are for
+    the next compaction."""
+    try:
+        return spark.sql(f"OPTIMIZE {delta_path(path)}").collect()[0]["metrics"]["numFilesRemoved"]
+    except Exception as error:
+        if any(name in str(error) for name in CONCURRENT_COMMIT_ERRORS):
+            return None
+        raise
 
 
 def table_committed(path: str) -> bool:
