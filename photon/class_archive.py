@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from resources.class_archive import ARCHIVE_DIR, archive_path
+from resources.class_archive import archive_path, stale_archives
 from resources.runtime.process_groups import stop_group
 from resources.state.layout import REPO_ROOT
 
@@ -77,10 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, subprocess.SubprocessError, OSError) as error:
         print(f"setup: no JVM class archive, Spark starts without it: {error}", file=sys.stderr)
         return 1
-    # Archives of an earlier Java, pyspark or Delta are never used again.
-    for stale in ARCHIVE_DIR.glob("spark-*.jsa"):
-        if stale != path:
-            stale.unlink()
+    for stale in stale_archives():
+        stale.unlink()
     print(f"setup: made the JVM class archive {path.relative_to(REPO_ROOT)} in {time.monotonic() - started:.0f} s")
     return 0
 

@@ -51,8 +51,17 @@ def fingerprint() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
+ARCHIVE_PREFIX, ARCHIVE_SUFFIX = "spark-", ".jsa"
+
+
 def archive_path(archive_dir: Path | None = None) -> Path:
-    return (archive_dir or ARCHIVE_DIR) / f"spark-{fingerprint()}.jsa"
+    return (archive_dir or ARCHIVE_DIR) / f"{ARCHIVE_PREFIX}{fingerprint()}{ARCHIVE_SUFFIX}"
+
+
+def stale_archives(archive_dir: Path | None = None) -> list[Path]:
+    """The archives made for an earlier Java, pyspark or set of jars: never used again."""
+    current = archive_path(archive_dir)
+    return [path for path in (archive_dir or ARCHIVE_DIR).glob(f"{ARCHIVE_PREFIX}*{ARCHIVE_SUFFIX}") if path != current]
 
 
 def archive_in_use(user_options: str, archive_dir: Path | None = None) -> Path | None:
