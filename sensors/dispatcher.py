@@ -29,7 +29,6 @@ from photon_assets.work_unit import (
     TAG_STREAM,
     TAG_WORK_UNIT,
     WorkUnitMaker,
-    log_run_succeeded_since,
     log_runs_in_flight,
     work_units_failed_for_good,
     work_units_in_flight,
@@ -52,9 +51,6 @@ MIN_INTERVAL_SECONDS = 1  # the daemon ticks at most every 5 s anyway; `photon r
 # per catch-up unit, not per normal unit. One: in a live run at 1,000 clicks/s a pass found 4-9 MB of
 # click lines, which normal units of 4 MiB cut into two runs on every other pass (each ~14 s).
 CATCH_UP_AFTER_UNITS = 1
-# When this process began ticking the dispatchers: its Spark (a local session's JVM, or the Connect
-# server `photon up` starts beside it) is cold until its first runs have compiled their code.
-STARTED_AT = time.time()
 
 
 def read_cursor(raw: str | None, **defaults) -> dict:
@@ -142,19 +138,6 @@ def query_run_deferred(stream: str, ranges: list, cursor: dict, tail: QueryTail,
     waiting = sum(end - start for _, start, end in ranges)
     return (waiting < settings.query_catch_up_work_unit_bytes
             and now - cursor.get("cut_at", 0.0) < settings.query_run_every_seconds)
-
-
-def query_run_held_for_first_click_run(instance: dg.DagsterInstance, dc: str, tail: QueryTail,
-                                       settings: PipelineSettings, now: float) -> bool:
-    """While a query tailer feeds the memory tier, a fresh start's first query run waits for the
-    datacenter's first click run to end (`query_run_every_seconds` after the start at most). Cold and
-    side by side, the two took 23-27 s and 30-32 s in the live runs of 2026-11-28, the click run's
-    ledger append waiting 10-14 s behind the append of the query lines queued since the start; the
-    query runs build only the durable tier here, and the click run alone compiles much of the code the
-    query append runs too (Parquet writing, Delta commits)."""
-    if not tail.fresh() or now - STARTED_AT >= settings.query_run_every_seconds:
-        return False
-    return not log_run_succeeded_since(instance, dc, "click", STARTED_AT)
 
 
 def pace_clicks(
@@ -317,21 +300,15 @@ def cut_now(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, m
     tail = QueryTail.load(layout.query_tail_file(dc))
     if stream == "query" and tail.fresh():
         ranges = tailed_ranges(ranges, tail.offsets)
-    now = time.time()
-    deferred = query_run_deferred(stream, ranges, cursor, tail, settings, now)
-    held_for_clicks = (stream == "query" and bool(ranges) and not deferred
-                       and query_run_held_for_first_click_run(instance, dc, tail, settings, now))
+    deferred = query_run_deferred(stream, ranges, cursor, tail, settings, time.time())
     if stream == "query":
-        cursor["deferred"] = deferred or held_for_clicks
+        cursor["deferred"] = deferred
     if backed_up:
         return Held([], f"back-pressure: {in_flight} work unit(s) of logs/{dc}/{stream}/ queued or running; "
                         "new lines are cut when one finishes")
     if deferred:
         return Held([], f"the query tailer feeds the memory tier: logs/{dc}/query/ is cut for the durable "
                         f"tier every {settings.query_run_every_seconds:.0f} s")
-    if held_for_clicks:
-        return Held([], f"a fresh start: {dc}'s first click run has the cold Spark to itself; logs/{dc}/query/ "
-                        "is cut for the durable tier once it ends")
     if stream != "click":
         return Held(ranges)
     waiting = bool(ranges) and query_data_waiting(layout, dc, instance, tail)

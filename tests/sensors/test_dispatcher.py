@@ -8,7 +8,7 @@ import pytest
 from dagster._core.test_utils import create_run_for_test
 
 from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
-from photon_assets.work_unit import LOG_RANGES, PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
+from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
 from resources.event_store.progress import QueryProgress, QueryTail, WriterProgress
 from resources.id_registry import IdRegistryResource, close_embedded_registries
 from resources.registry.ownership import preferred_dc
@@ -17,7 +17,6 @@ from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog
 from sensors.deps import SensorDeps
-from sensors import dispatcher
 from sensors.dispatcher import log_dispatcher, pending_dispatcher, pending_retry
 from sensors.retries import plan_retries
 from spark_ops.pending import PendingDigest, pending_retry_decision
@@ -220,7 +219,7 @@ def test_a_catch_up_run_is_retried_with_the_unit_it_cut_for_itself(tmp_path, ins
     WorkUnitLog.load(layout.work_unit_log("dc1", "click")).append([unit])
     for unit_id in (unit.id, "dc1.click.00000004.deadbeef"):
         create_run_for_test(instance, job_name="__ASSET_JOB", status=dg.DagsterRunStatus.FAILURE, run_config={},
-                            tags={TAG_DC: "dc1", TAG_STREAM: "click", TAG_KIND: LOG_RANGES, TAG_WORK_UNIT: unit_id,
+                            tags={TAG_DC: "dc1", TAG_STREAM: "click", TAG_KIND: "log_ranges", TAG_WORK_UNIT: unit_id,
                                   TAG_ATTEMPT: "1"})
     [retry] = plan_retries(instance, "click", "dc1", PipelineSettings(retry_backoff_seconds=0), layout).run_requests
     assert (retry.run_key, retry.job_name) == (f"{unit.id}#2", JOIN_CLICKS_JOB)
@@ -359,9 +358,7 @@ def test_with_a_query_tailer_pacing_goes_by_its_watermark_and_holds_only_while_i
     assert ranges(evaluate(sensor, instance, cursor=held.cursor, **knobs)) == [(first_end, click_file.stat().st_size)]
 
 
-def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_its_own_cadence(tmp_path, instance,
-                                                                                                monkeypatch):
-    monkeypatch.setattr(dispatcher, "STARTED_AT", time.time() - 3600)  # not a fresh start (the next test)
+def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_its_own_cadence(tmp_path, instance):
     layout = DataLayout(tmp_path)
     query_file = layout.stream_dir("dc1", "query") / "w" / "0.jsonl"
     write_lines(query_file, [query("10.1.0.1:7:1", 1)])
@@ -394,49 +391,6 @@ def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_i
     cursor = evaluate(sensor, instance, cursor=due).cursor
     write_lines(query_file, [query("10.1.0.1:7:4", 4)])
     assert [r.run_key for r in evaluate(sensor, instance, cursor=cursor).run_requests] == ["dc1.query.00000003"]
-
-
-def test_a_fresh_starts_first_query_run_waits_for_its_first_click_run(tmp_path, instance, monkeypatch):
-    monkeypatch.setattr(dispatcher, "STARTED_AT", time.time() - 5)
-    layout = DataLayout(tmp_path)
-    query_file = layout.stream_dir("dc1", "query") / "w" / "0.jsonl"
-    write_lines(query_file, [query("10.1.0.1:7:1", 1)])
-    QueryTail(offsets={"w/0.jsonl": query_file.stat().st_size}, part=1, updated_at=time.time()).save(
-        layout.query_tail_file("dc1"))
-    sensor = partial(log_dispatcher, "dc1", "query", str(tmp_path))
-
-    held = evaluate(sensor, instance)
-    assert held.run_requests == [] and json.loads(held.cursor)["deferred"]
-    assert "first click run" in held.skip_reason.skip_message
-    # Another datacenter's click run, or one of dc1 that failed, does not count.
-    for dc, status in (("dc2", dg.DagsterRunStatus.SUCCESS), ("dc1", dg.DagsterRunStatus.FAILURE)):
-        create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=status,
-                            tags={TAG_DC: dc, TAG_STREAM: "click", TAG_KIND: LOG_RANGES, TAG_WORK_UNIT: f"{dc}.click.0"})
-    assert evaluate(sensor, instance, cursor=held.cursor).run_requests == []
-    # dc1's first click run ended: the query lines are cut.
-    create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.SUCCESS,
-                        tags={TAG_DC: "dc1", TAG_STREAM: "click", TAG_KIND: LOG_RANGES, TAG_WORK_UNIT: "dc1.click.1"})
-    [request] = evaluate(sensor, instance, cursor=held.cursor).run_requests
-    assert request.run_key == "dc1.query.00000000"
-
-
-def test_a_fresh_starts_query_run_waits_for_no_click_run_past_the_cadence_or_without_a_tailer(tmp_path, instance,
-                                                                                              monkeypatch):
-    layout = DataLayout(tmp_path)
-    query_file = layout.stream_dir("dc1", "query") / "w" / "0.jsonl"
-    write_lines(query_file, [query("10.1.0.1:7:1", 1)])
-    sensor = partial(log_dispatcher, "dc1", "query", str(tmp_path))
-    # No tailer: the query runs feed the memory tier, and the click runs wait for them.
-    monkeypatch.setattr(dispatcher, "STARTED_AT", time.time() - 5)
-    first = evaluate(sensor, instance)
-    assert [r.run_key for r in first.run_requests] == ["dc1.query.00000000"]
-    # A tailer, but the start was a cadence ago: no click run is waited for any longer.
-    write_lines(query_file, [query("10.1.0.1:7:2", 2)])
-    QueryTail(offsets={"w/0.jsonl": query_file.stat().st_size}, part=1, updated_at=time.time()).save(
-        layout.query_tail_file("dc1"))
-    monkeypatch.setattr(dispatcher, "STARTED_AT", time.time() - PipelineSettings().query_run_every_seconds - 1)
-    cadence_over = json.dumps({**json.loads(first.cursor), "cut_at": 0})
-    assert [r.run_key for r in evaluate(sensor, instance, cursor=cadence_over).run_requests] == ["dc1.query.00000001"]
 
 
 def test_pending_retries_go_by_the_tailed_writers_times_while_the_tailer_runs(tmp_path):
