@@ -5,7 +5,9 @@ store for local file systems keeps that promise within one JVM only (a check, th
 Java lock); LinkLogStore keeps it across processes (a hard link, which fails when the name exists). So
 a writer that holds no table lock, OPTIMIZE in table maintenance, can commit beside a click run of
 another JVM without either commit replacing the other: the loser of a race gets the error Delta expects,
-checks the winner's commit for conflicts and retries (docs/ARCHITECTURE.md, "Table locks").
+checks the winner's commit for conflicts and retries (docs/STACK.md, "One writer per log entry"). The
+warehouse must be on a file system with hard links (any local Linux one is): elsewhere a commit
+fails with the file system's error.
 
 The class is compiled with the JDK's `javac` against the jars it extends (Delta's storage jar, Hadoop's
 client API in pyspark) into `.cache/jars/photon-log-store-<hash of the source>.jar`: by scripts/setup.sh,

@@ -37,13 +37,16 @@ _session_lock = threading.Lock()
 
 
 def delta_jars(jars_dir: Path = DEFAULT_JARS_DIR) -> list[str]:
+    """Delta's jars, and the project's log store for it (resources/log_store.py)."""
     jars = [jars_dir / name for name in DELTA_JARS]
     missing = [str(j) for j in jars if not j.is_file()]
     if missing:
         raise RuntimeError(f"Delta jars missing ({', '.join(missing)}): run scripts/setup.sh first")
-    return [str(j) for j in jars]
+    return [*map(str, jars), str(log_store_jar(jars_dir))]
 
 
+# Commits atomic across processes, so that OPTIMIZE holds no table lock (resources/log_store.py).
+LOG_STORE_CONF = {"spark.delta.logStore.file.impl": LOG_STORE_CLASS}
 # The JVM's heap. Its peak in a live run at 1,000 clicks/s or on the 2 M-query backlog stays well
 # under it; the whole pipeline (JVM, Python, registry service with the EventStore's memory tier) is
 # meant to stay within 4 GiB (benchmarks/run.py live measures it).
@@ -68,16 +71,13 @@ UNIQUE_COLUMNS = ("query_id", "click_id", "timestamp_us", "offset", "query.query
 def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -> dict[str, str]:
     """The settings of the JVM that runs the pipeline: a local session's or the Connect server's."""
     return {
-        "spark.jars": ",".join([*delta_jars(jars_dir), str(log_store_jar(jars_dir))]),
-        # Commits that never replace one another across processes (resources/log_store.py), so that
-        # OPTIMIZE commits without holding the table's lock.
-        "spark.delta.logStore.file.impl": LOG_STORE_CLASS,
+        "spark.jars": ",".join(delta_jars(jars_dir)),
+        **LOG_STORE_CONF,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.default.parallelism": str(shuffle_partitions),
-        "spark.sql.session.timeZone": "UTC",
-        "spark.log.level": "ERROR",
+        "spark.sql.session.timeZone": "UTC", "spark.log.level": "ERROR",
         "spark.ui.showConsoleProgress": "false",
         # The status store keeps the last 1,000 SQL executions, jobs and stages (plan strings,
         # metrics) even with the UI off. One session serves every run, and a 2 M-query backlog
