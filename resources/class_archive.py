@@ -29,6 +29,8 @@ ARCHIVE_DIR = REPO_ROOT / ".cache" / "jvm"
 # Where scripts/setup.sh puts the jars Spark loads besides its own (Delta's); resources/spark.py loads
 # them from here, and the archive's name follows them.
 JARS_DIR = REPO_ROOT / ".cache" / "jars"
+DELTA_SPARK_JAR, DELTA_STORAGE_JAR = "delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar"
+DELTA_JARS = (DELTA_SPARK_JAR, DELTA_STORAGE_JAR)
 # Options that already decide the JVM's class sharing: given any of them, the archive is not added.
 SHARING_OPTIONS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")
 

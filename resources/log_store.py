@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
 
-from resources.class_archive import JARS_DIR
+from resources.class_archive import DELTA_STORAGE_JAR, JARS_DIR
 
 SOURCE = Path(__file__).with_name("jvm") / "LinkLogStore.java"
 CLASS_NAME = "photon.delta.LinkLogStore"
@@ -56,8 +56,8 @@ def _build(jar: Path, jars_dir: Path) -> None:
     javac = shutil.which("javac")
     if javac is None:
         raise RuntimeError("javac not found: Photon compiles its Delta log store with a JDK 17 (see README, setup)")
-    class_path = [*jars_dir.glob("delta-storage-*.jar"), *(Path(_find_spark_home()) / "jars").glob("hadoop-client-api-*.jar")]
-    if len(class_path) != 2:
+    class_path = [jars_dir / DELTA_STORAGE_JAR, *(Path(_find_spark_home()) / "jars").glob("hadoop-client-api-*.jar")]
+    if len(class_path) != 2 or not class_path[0].is_file():
         raise RuntimeError(f"Delta's storage jar or Hadoop's client API missing ({class_path}): run scripts/setup.sh first")
     with tempfile.TemporaryDirectory(dir=jars_dir) as build:
         compiled = subprocess.run(

@@ -21,12 +21,11 @@ from pathlib import Path
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
+from resources.class_archive import DELTA_JARS, archive_options
 from resources.class_archive import JARS_DIR as DEFAULT_JARS_DIR
-from resources.class_archive import archive_options
 from resources.log_store import CLASS_NAME as LOG_STORE_CLASS
 from resources.log_store import log_store_jar
 
-DELTA_JARS = ("delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar")
 # `sc://HOST:PORT` of the Spark Connect server every run of this deployment uses; unset: local mode.
 SPARK_REMOTE_ENV = "PHOTON_SPARK_REMOTE"
 # Extra options for the JVMs that run the pipeline (a local session's or the Connect server's driver,
@@ -68,6 +67,48 @@ UNIQUE_COLUMNS = ("query_id", "click_id", "timestamp_us", "offset", "query.query
                   "query_timestamp_us")
 
 
+UI_RETENTION_CONF = {
+    # The status store keeps the last 1,000 SQL executions, jobs and stages (plan strings,
+    # metrics) even with the UI off. One session serves every run, and a 2 M-query backlog
+    # filled a 4 GiB heap with them (Java heap space in a MERGE); a few dozen are enough for the
+    # error messages that use them.
+    "spark.sql.ui.retainedExecutions": "50",
+    # A run's jobs are counted from the retained ones (SparkResource.jobs_counted).
+    "spark.ui.retainedJobs": "200",
+    "spark.ui.retainedStages": "100",
+    "spark.ui.retainedTasks": "10000",
+    "spark.ui.dagGraph.retainedRootRDDs": "100",
+}
+
+# How cached frames and Parquet files are encoded.
+ENCODING_CONF = {
+    # CPU, not memory, is what 2 cores lack (benchmarks/run.py backlog, profiled with JFR):
+    # compressing persisted frames (a query unit's parsed lines, the EventStore's matches) took
+    # 12% of the JVM's samples, twice the time of caching them uncompressed; and
+    # dictionary-encoding the ads' ad_id, the column whose dictionary costs the most hashing,
+    # 0.7 s per 800k query rows written (files 15% larger without it).
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    "spark.hadoop.parquet.enable.dictionary#ads.list.element.ad_id": "false",
+    "spark.hadoop.parquet.enable.dictionary#query.ads.list.element.ad_id": "false",
+    **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in UNIQUE_COLUMNS},
+}
+
+# OPTIMIZE and VACUUM, which table maintenance runs (photon_assets/maintenance.py).
+MAINTENANCE_CONF = {
+    # OPTIMIZE rewrites the files under SMALL_FILE_BYTES (see there) into files of up to twice
+    # that: one task writes each, side by side (a live joined_clicks's 70 MB of small files took
+    # 22.3 s in the one task of Delta's default 1 GiB bin).
+    "spark.databricks.delta.optimize.minFileSize": str(SMALL_FILE_BYTES),
+    "spark.databricks.delta.optimize.maxFileSize": str(2 * SMALL_FILE_BYTES),
+    # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's 7-day
+    # default; click runs never read snapshots older than that.
+    "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+    # VACUUM lists a table's files with this many tasks (Spark's default: 10,000, ~1-2 minutes a
+    # table on 2 cores, against seconds with a few).
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
+}
+
+
 def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -> dict[str, str]:
     """The settings of the JVM that runs the pipeline: a local session's or the Connect server's."""
     return {
@@ -77,18 +118,10 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.default.parallelism": str(shuffle_partitions),
-        "spark.sql.session.timeZone": "UTC", "spark.log.level": "ERROR",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.log.level": "ERROR",
         "spark.ui.showConsoleProgress": "false",
-        # The status store keeps the last 1,000 SQL executions, jobs and stages (plan strings,
-        # metrics) even with the UI off. One session serves every run, and a 2 M-query backlog
-        # filled a 4 GiB heap with them (Java heap space in a MERGE); a few dozen are enough for the
-        # error messages that use them.
-        "spark.sql.ui.retainedExecutions": "50",
-        # A run's jobs are counted from the retained ones (SparkResource.jobs_counted).
-        "spark.ui.retainedJobs": "200",
-        "spark.ui.retainedStages": "100",
-        "spark.ui.retainedTasks": "10000",
-        "spark.ui.dagGraph.retainedRootRDDs": "100",
+        **UI_RETENTION_CONF,
         # Small tables on few cores: rebuilding a Delta snapshot over 50 partitions is pure overhead.
         "spark.databricks.delta.snapshotPartitions": "2",
         # A pass uses ~180 compiled codes: Spark's default cache of 100 recompiled them all (docs/STACK.md).
@@ -99,26 +132,8 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         # jobs waited behind every task a query append or a compaction had queued first.
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": str(SCHEDULER_POOLS_FILE),
-        # CPU, not memory, is what 2 cores lack (benchmarks/run.py backlog, profiled with JFR):
-        # compressing persisted frames (a query unit's parsed lines, the EventStore's matches) took
-        # 12% of the JVM's samples, twice the time of caching them uncompressed; and
-        # dictionary-encoding the ads' ad_id, the column whose dictionary costs the most hashing,
-        # 0.7 s per 800k query rows written (files 15% larger without it).
-        "spark.sql.inMemoryColumnarStorage.compressed": "false",
-        "spark.hadoop.parquet.enable.dictionary#ads.list.element.ad_id": "false",
-        "spark.hadoop.parquet.enable.dictionary#query.ads.list.element.ad_id": "false",
-        **{f"spark.hadoop.parquet.enable.dictionary#{column}": "false" for column in UNIQUE_COLUMNS},
-        # OPTIMIZE rewrites the files under SMALL_FILE_BYTES (see there) into files of up to twice
-        # that: one task writes each, side by side (a live joined_clicks's 70 MB of small files took
-        # 22.3 s in the one task of Delta's default 1 GiB bin).
-        "spark.databricks.delta.optimize.minFileSize": str(SMALL_FILE_BYTES),
-        "spark.databricks.delta.optimize.maxFileSize": str(2 * SMALL_FILE_BYTES),
-        # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's 7-day
-        # default; click runs never read snapshots older than that.
-        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
-        # VACUUM lists a table's files with this many tasks (Spark's default: 10,000, ~1-2 minutes a
-        # table on 2 cores, against seconds with a few).
-        "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
+        **ENCODING_CONF,
+        **MAINTENANCE_CONF,
         # Staged hand-offs (spark_ops/handoff.py) are written a few times a pass: version 2 of the
         # file committer moves task output into place once instead of twice (~0.1 s a write here).
         "spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version": "2",

@@ -7,7 +7,7 @@ from pathlib import Path
 from pyspark.find_spark_home import _find_spark_home
 
 from resources import log_store
-from resources.class_archive import JARS_DIR
+from resources.class_archive import DELTA_STORAGE_JAR, JARS_DIR
 from resources.log_store import CLASS_NAME, jar_path, log_store_jar
 from resources.spark import local_conf
 from spark_ops.tables import delta_path
@@ -17,7 +17,7 @@ VERSIONS = 2000
 
 
 def test_two_jvms_committing_the_same_versions_at_once_win_each_version_exactly_once(tmp_path):
-    class_path = ":".join([str(log_store_jar()), *map(str, JARS_DIR.glob("delta-storage-*.jar")),
+    class_path = ":".join([str(log_store_jar()), str(JARS_DIR / DELTA_STORAGE_JAR),
                            str(Path(_find_spark_home()) / "jars" / "*")])
     classes = tmp_path / "classes"
     subprocess.run(["javac", "-nowarn", "-d", str(classes), "-cp", class_path, str(RACE)], check=True)
@@ -46,7 +46,7 @@ def test_two_jvms_committing_the_same_versions_at_once_win_each_version_exactly_
 
 
 def test_the_jar_follows_its_source_and_replaces_the_one_before(tmp_path, monkeypatch):
-    [storage] = JARS_DIR.glob("delta-storage-*.jar")  # what the build compiles against
+    storage = JARS_DIR / DELTA_STORAGE_JAR  # what the build compiles against
     (tmp_path / storage.name).symlink_to(storage)
     (tmp_path / "photon-log-store-000000000000.jar").write_bytes(b"")  # built from an older source
     jar = log_store_jar(tmp_path)
