@@ -61,8 +61,9 @@ from photon_assets.work_unit import (
 )
 from spark_ops.tables import table_committed, tables_locked
 
-# Sensor passes in a row that launch nothing before the pipeline counts as idle: one, as every sensor
-# ticks in every pass (photon/dagster_internals.py: sensor_pass) and a pass's sensors run in PASS_ORDER.
+# Sensor passes in a row that launch nothing before the pipeline counts as idle: one, as every sensor of
+# the main loop's pass ticks in every pass (photon/dagster_internals.py: sensor_pass) in PASS_ORDER; the
+# query dispatchers' work counts until it is cut and run (dispatchers_waiting).
 IDLE_PASSES = 1
 PASS_INTERVAL_SECONDS = 1.05  # passes start at least this far apart; sensors due every second tick in each
 

@@ -34,19 +34,18 @@ CHECKED_TABLES = ("joined_clicks", "unjoinable_clicks", "pending_clicks", "click
 MAINTENANCE_SENSOR = "table_maintenance"
 
 
-# Under the daemon, every tick of every sensor costs the daemon a few SQLite writes (the tick, its
-# state, the purge of old ticks): an idle `photon up` took 15.9 % of a core, 10 % of it the daemon,
-# mostly its sensor ticks (py-spy, 2026-11-28). These sensors' runs come every minute or more.
+# Every tick of a sensor costs SQLite writes (the tick, its state, the purge of old ticks): an idle
+# `photon up` took 15.9 % of a core, 10 % of it the daemon, mostly its sensor ticks (py-spy,
+# 2026-11-28), and under `photon run` the ticks of the upkeep sensors in every pass held the GIL its click
+# runs need. These sensors' runs come every minute or more.
 UPKEEP_TICKS_PER_CADENCE = 4
 UPKEEP_MAX_TICK_SECONDS = 15
 
 
-def upkeep_interval(cadence_seconds: float, deps: SensorDeps) -> int:
-    """How often an upkeep sensor ticks: under the daemon, four times per cadence and at least once
-    every 15 s (a run then comes at most a quarter of its cadence late); under `photon run`, in every pass
-    (its idleness is a pass in which every sensor ticked and none launched: photon/runner.py)."""
-    if not deps.ticked_by_daemon:
-        return MIN_INTERVAL_SECONDS
+def upkeep_interval(cadence_seconds: float) -> int:
+    """How often an upkeep sensor ticks: four times per cadence and at least once every 15 s (a run then
+    comes at most a quarter of its cadence late), under the daemon and under `photon run` alike (its
+    idleness is its click passes', photon/runner.py: _drain; these sensors tick on a thread of their own)."""
     return max(MIN_INTERVAL_SECONDS, int(min(UPKEEP_MAX_TICK_SECONDS, cadence_seconds / UPKEEP_TICKS_PER_CADENCE)))
 
 
@@ -83,7 +82,7 @@ def aggregates_refresher(data_dir: str, deps: SensorDeps) -> dg.SensorDefinition
     @dg.sensor(
         name=AGGREGATES_SENSOR,
         job_name=REFRESH_AGGREGATES_JOB,
-        minimum_interval_seconds=upkeep_interval(deps.settings.aggregates_refresh_seconds, deps),
+        minimum_interval_seconds=upkeep_interval(deps.settings.aggregates_refresh_seconds),
         default_status=default_status(),
         description="Refreshes click_aggregates with the rows joined since its last refresh, at most every "
         "aggregates_refresh_seconds (off the click path: a pass does not wait for it).",
@@ -125,7 +124,7 @@ def table_checker(data_dir: str, deps: SensorDeps) -> dg.SensorDefinition:
     @dg.sensor(
         name=CHECKS_SENSOR,
         job_name=CHECK_TABLES_JOB,
-        minimum_interval_seconds=upkeep_interval(deps.settings.table_checks_every_seconds, deps),
+        minimum_interval_seconds=upkeep_interval(deps.settings.table_checks_every_seconds),
         default_status=default_status(),
         description="Runs every whole-table check when the output tables changed since the last ones: at most "
         "every table_checks_every_seconds, and at once when idle: no other run in flight, every log line cut.",
@@ -157,7 +156,7 @@ def table_maintainer(deps: SensorDeps) -> dg.SensorDefinition:
     @dg.sensor(
         name=MAINTENANCE_SENSOR,
         job_name=MAINTENANCE_JOB,
-        minimum_interval_seconds=upkeep_interval(deps.settings.maintenance_every_seconds, deps),
+        minimum_interval_seconds=upkeep_interval(deps.settings.maintenance_every_seconds),
         default_status=default_status(),
         description="Maintains the tables every maintenance_every_seconds (photon_assets/maintenance.py): "
         "durable tier eviction, pending-click records compacted, small files compacted and vacuumed.",
