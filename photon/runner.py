@@ -70,6 +70,13 @@ PASS_INTERVAL_SECONDS = 1.05  # passes start at least this far apart; sensors du
 DAGSTER_YAML = """\
 # Instance of this data directory, used by `dagster dev` / `dagster-daemon` (see README).
 # `photon run` reads it too, but launches runs in its own process (see photon/runner.py).
+# Dagster's SQLite storage, each database's SQLAlchemy engine kept for the process (photon/sqlite_storage.py).
+storage:
+  custom:
+    module: photon.sqlite_storage
+    class: KeptEngineSqliteStorage
+    config:
+      base_dir: {dagster_home}
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30
@@ -119,6 +126,11 @@ telemetry:
 nux:
   enabled: false
 """
+
+def instance_yaml(dagster_home: Path, run_server_socket: Path) -> str:
+    """The data directory's dagster.yaml (DAGSTER_YAML)."""
+    return DAGSTER_YAML.format(dagster_home=json.dumps(str(dagster_home)), run_server_socket=json.dumps(str(run_server_socket)))
+
 
 def run_server_socket(layout: DataLayout) -> Path:
     """Where `photon up`'s run server (photon/run_server.py) listens."""
@@ -177,7 +189,7 @@ def prepare_environment(layout: DataLayout, datacenters: list[str], run_log_leve
     os.environ["DAGSTER_HOME"] = str(layout.dagster_home)
     layout.dagster_home.mkdir(parents=True, exist_ok=True)
     yaml = layout.dagster_home / "dagster.yaml"
-    text = DAGSTER_YAML.format(run_server_socket=json.dumps(str(run_server_socket(layout))))
+    text = instance_yaml(layout.dagster_home, run_server_socket(layout))
     if not yaml.exists() or yaml.read_text() != text:
         # Renamed into place whole: another datacenter's `photon run` starting at the same moment
         # must never load a half-written file.

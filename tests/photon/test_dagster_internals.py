@@ -2,14 +2,13 @@
 photon/dagster_internals.py relies on (an import error names a moved one)."""
 
 import inspect
-import json
 import logging
 import time
 
 import dagster._daemon.sensor as sensor_daemon
 
 from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
-from photon.runner import DAGSTER_YAML
+from photon.runner import instance_yaml
 from resources.state.layout import DATA_DIR_ENV, REPO_ROOT
 from sensors.freshness import FRESHNESS_SENSOR
 
@@ -25,7 +24,7 @@ def test_the_daemon_orders_a_pass_through_the_function_sensor_pass_replaces():
 
 
 def test_in_process_runs_override_the_data_directorys_queued_daemon_runs(tmp_path):
-    (tmp_path / "dagster.yaml").write_text(DAGSTER_YAML.format(run_server_socket=json.dumps(str(tmp_path / "run.sock"))))
+    (tmp_path / "dagster.yaml").write_text(instance_yaml(tmp_path, tmp_path / "run.sock"))
     assert type(instance_at(tmp_path).run_coordinator).__name__ == "QueuedRunCoordinator"
     instance = instance_at(tmp_path, in_process_runs=True)
     assert type(instance.run_launcher).__name__ == "SyncInMemoryRunLauncher"

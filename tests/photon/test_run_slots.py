@@ -2,14 +2,16 @@
 units, the third for the work kept off the click path. Judged by Dagster's own counter of tag limits,
 the one its queued run coordinator applies, over runs tagged as the dispatchers and jobs tag them."""
 
+from pathlib import Path
+
 import yaml
 from dagster._utils.tags import TagConcurrencyLimitsCounter  # what QueuedRunCoordinatorDaemon applies
 
-from photon.runner import DAGSTER_YAML
+from photon.runner import instance_yaml
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS, REGISTRY_TAGS, STREAM_JOBS, WORK_UNIT_TAGS
 from sensors.dispatcher import work_unit_request
 
-QUEUE = yaml.safe_load(DAGSTER_YAML.format(run_server_socket='"/tmp/s"'))["run_coordinator"]["config"]
+QUEUE = yaml.safe_load(instance_yaml(Path("/tmp/d"), Path("/tmp/s")))["run_coordinator"]["config"]
 
 
 class Run:  # what the counter reads of a run

@@ -1,0 +1,109 @@
+"""The instance's storage: Dagster's SQLite storages, each keeping one SQLAlchemy engine per database.
+
+Dagster's SQLite run, event log and schedule storages build a new engine for every call: SQLAlchemy's
+dialect is set up again on its first connection, and every statement is compiled anew (the compiled
+statement cache belongs to the engine). That was most of the Python a sensor tick costs: py-spy over 90 s
+of a live `photon run` at 1,000 clicks/s (2026-11-28) found 45 s in sensor passes, 36 s of it in
+SQLAlchemy (engine creation 6 s, compiling 7 s, first-connection setup and commits 12 s), on the
+process whose main thread drives the click runs.
+
+These subclasses keep one engine per database file for the life of the process, with Dagster's own
+pooling (NullPool): each call still opens its own SQLite connection and closes it after its
+transaction, so nothing open is shared between threads or inherited by a forked run process
+(photon/run_server.py); only the engine's dialect and compiled statements are kept. The files, schema
+and migrations are Dagster's (`storage: sqlite` lays them out the same way), so an instance made by
+either opens with the other. dagster.yaml names this class (photon/runner.py: DAGSTER_YAML).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dagster._check as check
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
+from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import SqliteScheduleStorage
+from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
+from dagster._core.storage.sqlite_storage import (
+    DagsterSqliteStorage,
+    _event_logs_directory,
+    _runs_directory,
+    _schedule_directory,
+)
+from dagster._serdes import ConfigurableClassData
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import NullPool
+
+# Engines kept: the runs and schedules databases, the event log's index, and the latest runs' own
+# event databases (one file per run); the least recently used goes first.
+MAX_ENGINES = 64
+
+_engines: OrderedDict[str, Engine] = OrderedDict()
+_engines_lock = threading.Lock()
+
+
+def kept_engine(conn_string: str) -> Engine:
+    """The process's engine for one database, made on first use."""
+    with _engines_lock:
+        engine = _engines.pop(conn_string, None)
+        if engine is None:
+            engine = create_engine(conn_string, poolclass=NullPool,
+                                   connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS})
+        _engines[conn_string] = engine
+        while len(_engines) > MAX_ENGINES:
+            _engines.popitem(last=False)[1].dispose()
+        return engine
+
+
+@contextmanager
+def _transaction(conn_string: str) -> Iterator[Connection]:
+    with kept_engine(conn_string).connect() as conn, conn.begin():
+        yield conn
+
+
+class KeptEngineRunStorage(SqliteRunStorage):
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        with _transaction(self._conn_string) as conn:
+            yield conn
+
+
+class KeptEngineScheduleStorage(SqliteScheduleStorage):
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        with _transaction(self._conn_string) as conn:
+            yield conn
+
+
+class KeptEngineEventLogStorage(SqliteEventLogStorage):
+    @contextmanager
+    def _connect(self, shard: str) -> Iterator[Connection]:
+        # As Dagster's: one transaction at a time per storage (its event watcher's thread shares it),
+        # and each run's database created on its first use in this process.
+        with self._db_lock:
+            conn_string = self.conn_string_for_shard(check.str_param(shard, "shard"))
+            if shard not in self._initialized_dbs:
+                self._initdb(kept_engine(conn_string))
+                self._initialized_dbs.add(shard)
+            with _transaction(conn_string) as conn:
+                yield conn
+
+
+class KeptEngineSqliteStorage(DagsterSqliteStorage):
+    """`storage: sqlite` with engines kept (the module docstring says why)."""
+
+    def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
+        self.base_dir = check.str_param(base_dir, "base_dir")
+        self._run_storage = KeptEngineRunStorage.from_local(_runs_directory(base_dir))
+        self._event_log_storage = KeptEngineEventLogStorage(_event_logs_directory(base_dir))
+        self._schedule_storage = KeptEngineScheduleStorage.from_local(_schedule_directory(base_dir))
+        self._inst_data = check.opt_inst_param(inst_data, "inst_data", ConfigurableClassData)
+        super(DagsterSqliteStorage, self).__init__()
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData, config_value) -> KeptEngineSqliteStorage:
+        return cls.from_local(inst_data=inst_data, **config_value)

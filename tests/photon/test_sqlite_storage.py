@@ -1,0 +1,73 @@
+"""The instance's storage (photon/sqlite_storage.py): Dagster's SQLite files, one engine per database and
+process, a connection per call (so a forked run process writes through its own)."""
+
+import multiprocessing
+
+import dagster as dg
+
+from photon import sqlite_storage
+from photon.dagster_internals import instance_at
+from photon.runner import instance_yaml
+from photon.sqlite_storage import KeptEngineSqliteStorage
+
+
+@dg.asset
+def counted() -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata={"dagster/row_count": 1})
+
+
+def kept_for(home) -> dict:
+    return {key: engine for key, engine in sqlite_storage._engines.items() if str(home) in key}
+
+
+def materialized(instance: dg.DagsterInstance) -> int:
+    return len(instance.fetch_materializations(dg.AssetKey("counted"), limit=100).records)
+
+
+def test_the_instance_keeps_one_engine_per_database_across_runs(tmp_path):
+    (tmp_path / "dagster.yaml").write_text(instance_yaml(tmp_path, tmp_path / "run.sock"))
+    instance = instance_at(tmp_path)
+    assert instance.get_ref().storage_data.class_name == KeptEngineSqliteStorage.__name__
+    first = dg.materialize([counted], instance=instance)
+    engines = kept_for(tmp_path)
+    # runs.db, schedules.db, the event log's index and the run's own database
+    assert {key.rsplit("/", 1)[1] for key in engines} >= {"runs.db", "index.db", f"{first.run_id}.db"}
+    second = dg.materialize([counted], instance=instance)
+    assert second.success and instance.get_runs_count() == 2 and materialized(instance) == 2
+    kept = kept_for(tmp_path)
+    assert all(kept[key] is engine for key, engine in engines.items() if key in kept)
+
+
+def test_an_instance_dagster_made_opens_with_kept_engines_and_the_other_way_round(tmp_path):
+    made_by_dagster = instance_at(tmp_path)  # no dagster.yaml: Dagster's own SQLite storage
+    dg.materialize([counted], instance=made_by_dagster)
+    (tmp_path / "dagster.yaml").write_text(instance_yaml(tmp_path, tmp_path / "run.sock"))
+    ours = instance_at(tmp_path)
+    dg.materialize([counted], instance=ours)
+    assert ours.get_runs_count() == 2 and materialized(ours) == 2
+    (tmp_path / "dagster.yaml").unlink()
+    assert materialized(instance_at(tmp_path)) == 2
+
+
+def _materialize_on_the_inherited_instance() -> None:
+    raise SystemExit(0 if dg.materialize([counted], instance=_inherited["instance"]).success else 1)
+
+
+_inherited: dict = {}
+
+
+def test_a_forked_process_writes_through_its_own_connections(tmp_path):
+    """photon up's run server forks each run from a process that used the instance already."""
+    (tmp_path / "dagster.yaml").write_text(instance_yaml(tmp_path, tmp_path / "run.sock"))
+    instance = instance_at(tmp_path)
+    dg.materialize([counted], instance=instance)
+    _inherited["instance"] = instance
+    fork = multiprocessing.get_context("fork")
+    children = [fork.Process(target=_materialize_on_the_inherited_instance) for _ in range(2)]
+    for child in children:
+        child.start()
+    dg.materialize([counted], instance=instance)  # the parent writes meanwhile
+    for child in children:
+        child.join(60)
+        assert child.exitcode == 0
+    assert instance.get_runs_count() == 4 and materialized(instance) == 4
