@@ -100,10 +100,6 @@ MAINTENANCE_CONF = {
     # 22.3 s in the one task of Delta's default 1 GiB bin).
     "spark.databricks.delta.optimize.minFileSize": str(SMALL_FILE_BYTES),
     "spark.databricks.delta.optimize.maxFileSize": str(2 * SMALL_FILE_BYTES),
-    # One bin at a time: a compaction holds no lock (spark_ops/tables.py: compact), so nothing waits
-    # for it to end, while two bins side by side held both cores for seconds a task (a photon up click
-    # run wrote for 8.7 s beside one; the FAIR pool hands a core over only between tasks).
-    "spark.databricks.delta.optimize.maxThreads": "1",
     # The query cache is vacuumed with a retention of minutes (settings.py), below Delta's 7-day
     # default; click runs never read snapshots older than that.
     "spark.databricks.delta.retentionDurationCheck.enabled": "false",
