@@ -7,20 +7,16 @@ of a live `photon run` at 1,000 clicks/s (2026-11-28) found 45 s in sensor passe
 SQLAlchemy (engine creation 6 s, compiling 7 s, first-connection setup and commits 12 s), on the
 process whose main thread drives the click runs.
 
-These subclasses keep one engine per database file for the life of the process, and in it one
-connection open between calls (more while threads overlap; those close after their call). Dagster's
-closed every connection after its transaction, and in WAL mode the last connection to close
-checkpoints the log and deletes it, which the next call recreated: the daemon of a live `photon up`
-spent 2.9 s of every 60 opening and closing connections (py-spy, 2026-11-28). A forked process (photon up's run server
-forks each run: photon/run_server.py) never uses its parent's connections: it makes engines of its
-own, and leaves the inherited ones untouched. The files, schema and migrations are Dagster's
-(`storage: sqlite` lays them out the same way), so an instance made by either opens with the other.
-dagster.yaml names this class (photon/runner.py: DAGSTER_YAML).
+These subclasses keep one engine per database file for the life of the process, with Dagster's own
+pooling (NullPool): each call still opens its own SQLite connection and closes it after its
+transaction, so nothing open is shared between threads or inherited by a forked run process
+(photon/run_server.py); only the engine's dialect and compiled statements are kept. The files, schema
+and migrations are Dagster's (`storage: sqlite` lays them out the same way), so an instance made by
+either opens with the other. dagster.yaml names this class (photon/runner.py: DAGSTER_YAML).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -40,36 +36,23 @@ from dagster._core.storage.sqlite_storage import (
 from dagster._serdes import ConfigurableClassData
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.pool import QueuePool
+from sqlalchemy.pool import NullPool
 
 # Engines kept: the runs and schedules databases, the event log's index, and the latest runs' own
-# event databases (one file per run); the least recently used goes first (its connection closed).
+# event databases (one file per run); the least recently used goes first.
 MAX_ENGINES = 64
 
 _engines: OrderedDict[str, Engine] = OrderedDict()
 _engines_lock = threading.Lock()
-# A forked process's inherited engines, kept from the garbage collector: a connection carried across a
-# fork must not be used or closed by the child (sqlite.org/howtocorrupt.html), and the parent goes on.
-_inherited: list[Engine] = []
-
-
-def _forget_engines_in_child() -> None:
-    global _engines_lock
-    _engines_lock = threading.Lock()  # another thread of the parent may have held it at the fork
-    _inherited.extend(_engines.values())
-    _engines.clear()
-
-
-os.register_at_fork(after_in_child=_forget_engines_in_child)
 
 
 def kept_engine(conn_string: str) -> Engine:
-    """The process's engine for one database, made on first use (in this process)."""
+    """The process's engine for one database, made on first use."""
     with _engines_lock:
         engine = _engines.pop(conn_string, None)
         if engine is None:
-            engine = create_engine(conn_string, poolclass=QueuePool, pool_size=1, max_overflow=-1,
-                                   connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False})
+            engine = create_engine(conn_string, poolclass=NullPool,
+                                   connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS})
         _engines[conn_string] = engine
         while len(_engines) > MAX_ENGINES:
             _engines.popitem(last=False)[1].dispose()
