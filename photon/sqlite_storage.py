@@ -10,7 +10,10 @@ process whose main thread drives the click runs.
 These subclasses keep one engine per database file for the life of the process, with Dagster's own
 pooling (NullPool): each call still opens its own SQLite connection and closes it after its
 transaction, so nothing open is shared between threads or inherited by a forked run process
-(photon/run_server.py); only the engine's dialect and compiled statements are kept. The files, schema
+(photon/run_server.py); only the engine's dialect and compiled statements are kept. All three wait up
+to Dagster's busy timeout (30 s) for a locked database, which Dagster gave its event log only (the
+other two had pysqlite's 5 s). Keeping a connection open between calls was tried and made a live
+`photon up` slower (docs/STACK.md). The files, schema
 and migrations are Dagster's (`storage: sqlite` lays them out the same way), so an instance made by
 either opens with the other. dagster.yaml names this class (photon/runner.py: DAGSTER_YAML).
 """
