@@ -68,18 +68,23 @@ def _transaction(conn_string: str) -> Iterator[Connection]:
         yield conn
 
 
-class KeptEngineRunStorage(SqliteRunStorage):
+class _KeptEngineConnect:
+    """`connect` of Dagster's single-database SQLite storages (runs, schedules), through the kept engine."""
+
+    _conn_string: str
+
     @contextmanager
     def connect(self) -> Iterator[Connection]:
         with _transaction(self._conn_string) as conn:
             yield conn
 
 
-class KeptEngineScheduleStorage(SqliteScheduleStorage):
-    @contextmanager
-    def connect(self) -> Iterator[Connection]:
-        with _transaction(self._conn_string) as conn:
-            yield conn
+class KeptEngineRunStorage(_KeptEngineConnect, SqliteRunStorage):
+    pass
+
+
+class KeptEngineScheduleStorage(_KeptEngineConnect, SqliteScheduleStorage):
+    pass
 
 
 class KeptEngineEventLogStorage(SqliteEventLogStorage):

@@ -8,7 +8,7 @@ import time
 import dagster._daemon.sensor as sensor_daemon
 
 from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
-from photon.runner import instance_yaml
+from photon.runner import PASS_INTERVAL_SECONDS, instance_yaml
 from resources.state.layout import DATA_DIR_ENV, REPO_ROOT
 from sensors.freshness import FRESHNESS_SENSOR
 
@@ -63,10 +63,10 @@ def test_every_sensor_due_at_the_pace_ticks_in_each_pass(tmp_path, monkeypatch):
             instance.start_sensor(sensor)
         for _ in range(2):
             started = time.monotonic()
-            sensor_pass(context, logging.getLogger("test"), list, pace_seconds=1.05)
-            time.sleep(max(0.0, 1.05 - (time.monotonic() - started)))
+            sensor_pass(context, logging.getLogger("test"), list, pace_seconds=PASS_INTERVAL_SECONDS)
+            time.sleep(max(0.0, PASS_INTERVAL_SECONDS - (time.monotonic() - started)))
     ticks = {s.name: len(instance.get_ticks(s.get_remote_origin_id(), s.selector_id)) for s in sensors}
-    paced = {s.name for s in sensors if s.min_interval_seconds <= 1.05}
+    paced = {s.name for s in sensors if s.min_interval_seconds <= PASS_INTERVAL_SECONDS}
     assert paced and len(paced) < len(sensors)
     assert ticks == {s.name: 2 if s.name in paced else 1 for s in sensors}
 
