@@ -17,6 +17,13 @@ def ledger_rows(spark, ids, unit):
             ("cost_micros", "long"), ("extra", "string"), ("file", "string"), ("offset", "long"), ("length", "long"))])
 
 
+def columns_with_statistics(path):
+    """The columns each file added to the Delta table at `path` has statistics of."""
+    return [set(json.loads(json.loads(line)["add"]["stats"])["minValues"])
+            for log in sorted(Path(path, "_delta_log").glob("*.json"))
+            for line in log.read_text().splitlines() if '"add"' in line]
+
+
 def test_a_retry_appends_nothing_an_earlier_attempt_committed(spark, tmp_path):
     path = str(tmp_path / "click_ledger")
     with metered() as meter:
@@ -25,9 +32,8 @@ def test_a_retry_appends_nothing_an_earlier_attempt_committed(spark, tmp_path):
         append_once(ledger_rows(spark, ["c"], "u2"), "click_ledger", path, "u2", attempt=2)  # u2's first commit
     assert sorted(r.click_id for r in read_table(spark, "click_ledger", path).collect()) == ["a", "b", "c"]
     # What the retry's look goes by is the one column with statistics (spark_ops/tables.py, TABLE_PROPERTIES).
-    stats = [json.loads(json.loads(line)["add"]["stats"]) for log in sorted(Path(path, "_delta_log").glob("*.json"))
-             for line in log.read_text().splitlines() if '"add"' in line]
-    assert stats and all(set(s["minValues"]) == {"work_unit"} for s in stats), stats
+    stats = columns_with_statistics(path)
+    assert stats and all(s == {"work_unit"} for s in stats), stats
     assert meter.commits == {"click_ledger": 2}
 
 
@@ -45,6 +51,9 @@ def test_a_retry_writes_only_the_keys_its_earlier_attempt_did_not(spark, tmp_pat
     write_output(unjoinable(["a", "b"]), "unjoinable_clicks", path, "click_id", "u1", attempt=1)
     write_output(unjoinable(["a", "b", "c"]), "unjoinable_clicks", path, "click_id", "u1", attempt=2)
     assert sorted(r.click_id for r in read_table(spark, "unjoinable_clicks", path).collect()) == ["a", "b", "c"]
+    # The key and the unit the retry's MERGE goes by are the columns with statistics (TABLE_PROPERTIES).
+    stats = columns_with_statistics(path)
+    assert stats and all(s == {"click_id", "work_unit"} for s in stats), stats
 
 
 def test_vacuum_keeps_for_whole_hours_the_files_a_compaction_removed(spark, tmp_path):
