@@ -62,6 +62,12 @@ def kept_engine(conn_string: str) -> Engine:
         return engine
 
 
+def engines_kept() -> dict[str, Engine]:
+    """The process's kept engines by connection string, least recently used first (a copy)."""
+    with _engines_lock:
+        return dict(_engines)
+
+
 @contextmanager
 def _transaction(conn_string: str) -> Iterator[Connection]:
     with kept_engine(conn_string).connect() as conn, conn.begin():

@@ -5,10 +5,9 @@ import multiprocessing
 
 import dagster as dg
 
-from photon import sqlite_storage
 from photon.dagster_internals import instance_at
 from photon.runner import instance_yaml
-from photon.sqlite_storage import KeptEngineSqliteStorage
+from photon.sqlite_storage import KeptEngineSqliteStorage, engines_kept
 
 
 @dg.asset
@@ -17,7 +16,7 @@ def counted() -> dg.MaterializeResult:
 
 
 def kept_for(home) -> dict:
-    return {key: engine for key, engine in sqlite_storage._engines.items() if str(home) in key}
+    return {key: engine for key, engine in engines_kept().items() if str(home) in key}
 
 
 def materialized(instance: dg.DagsterInstance) -> int:
