@@ -56,7 +56,7 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
             ],
             aggregates_refresher(data_dir, deps),
             table_checker(data_dir, deps),
-            table_maintainer(deps),
+            table_maintainer(data_dir, deps),
             freshness_sensor(freshness),
         ],
         resources={

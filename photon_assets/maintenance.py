@@ -26,6 +26,7 @@ from photon_assets.jobs import OFF_CLICK_PATH_TAGS
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.settings import PipelineSettings
 from resources.spark import SMALL_FILE_BYTES, SparkResource
+from resources.state.layout import DataLayout
 from resources.state.sidecars import Removals
 from resources.storage import WarehouseResource
 from spark_ops.event_store import evict_from_cache
@@ -39,15 +40,23 @@ MAINTENANCE_JOB = "maintain_tables"
 COMPACTED = ("log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "pending_clicks", "quarantined_lines")
 
 
+def eviction_boundary(layout: DataLayout, settings: PipelineSettings, dc: str, now_us: int) -> int | None:
+    """The durable tier's boundary when a datacenter's `query_logs` may hold queries older than it (None:
+    no eviction is due)."""
+    progress = QueryProgress.load(layout.query_progress_file(dc))
+    boundary = durable_tier_boundary_us(progress.max_ts, settings.query_cache_retention_seconds, now_us)
+    if boundary is None or not QueryCache.load(layout.query_cache_file(dc)).needs_eviction(boundary):
+        return None
+    return boundary
+
+
 def evict_durable_tier(spark, warehouse: WarehouseResource, settings: PipelineSettings, dc: str, now_us: int) -> int:
     """A datacenter's queries older than the durable tier's boundary removed; returns how many."""
-    cache_file = warehouse.layout.query_cache_file(dc)
-    progress = QueryProgress.load(warehouse.layout.query_progress_file(dc))
-    boundary = durable_tier_boundary_us(progress.max_ts, settings.query_cache_retention_seconds, now_us)
-    if boundary is None or not QueryCache.load(cache_file).needs_eviction(boundary):
+    boundary = eviction_boundary(warehouse.layout, settings, dc, now_us)
+    if boundary is None:
         return 0
     evicted, oldest_kept = evict_from_cache(spark, warehouse.tables()["query_logs"], dc, boundary)
-    QueryCache.scanned(cache_file, boundary if oldest_kept is None else oldest_kept)
+    QueryCache.scanned(warehouse.layout.query_cache_file(dc), boundary if oldest_kept is None else oldest_kept)
     return evicted
 
 
@@ -64,6 +73,17 @@ def to_compact(tables: dict[str, str], settings: PipelineSettings) -> list[str]:
     due = sorted((name for name in COMPACTED if files[name] >= settings.maintenance_compact_at_files),
                  key=lambda name: -files[name])
     return due[:settings.maintenance_compact_tables_per_run]
+
+
+def maintenance_due(layout: DataLayout, settings: PipelineSettings, now: float) -> list[str]:
+    """What a maintenance run would do now, by the conditions it goes by (empty: nothing, and the run
+    would cost only its launch): evictions, compactions, VACUUMs. From the sidecars and the tables'
+    Delta logs (deltalake): no Spark job."""
+    tables = {name: layout.table(name) for name in COMPACTED}
+    due = [f"evict {dc}" for dc in layout.datacenters() if eviction_boundary(layout, settings, dc, int(now * 1e6)) is not None]
+    due += [f"compact {name}" for name in to_compact(tables, settings)]
+    removals = Removals.load(layout.removals_file)
+    return due + [f"vacuum {name}" for name in removals.due(settings.query_cache_vacuum_retain_hours, now)]
 
 
 @dg.op(description="Evict the durable tier's old queries, compact the pending clicks' records, compact small "

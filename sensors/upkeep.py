@@ -7,8 +7,9 @@ running. The aggregates refresh runs only when `joined_clicks` has a version its
 reach, and never while a blocking check of joined_clicks has failed at its latest evaluation (the
 checks gate what is built on it); its run key names that version (and a try number, should a run for it
 fail). The table checks run when the tables changed since the last ones: on their cadence, and at once
-when the pipeline is idle (`tables_busy`: no run in flight and every log line cut). Check and maintenance
-runs are numbered.
+when the pipeline is idle (`tables_busy`: no run in flight and every log line cut). Maintenance runs on
+its cadence when a run would do something (photon_assets/maintenance.py: `maintenance_due`). Check and
+maintenance runs are numbered.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import dagster as dg
 
 from photon_assets.checks import failed_blocking_checks
 from photon_assets.jobs import CHECK_TABLES_JOB, REFRESH_AGGREGATES_JOB
-from photon_assets.maintenance import MAINTENANCE_JOB
+from photon_assets.maintenance import MAINTENANCE_JOB, maintenance_due
 from photon_assets.work_unit import UNFINISHED, bytes_behind_log_heads, work_units_awaiting_retry
 from resources.state.layout import STREAMS, DataLayout
 from sensors.deps import SensorDeps, sensor_instance
@@ -152,14 +153,15 @@ def table_checker(data_dir: str, deps: SensorDeps) -> dg.SensorDefinition:
     return _sensor
 
 
-def table_maintainer(deps: SensorDeps) -> dg.SensorDefinition:
+def table_maintainer(data_dir: str, deps: SensorDeps) -> dg.SensorDefinition:
     @dg.sensor(
         name=MAINTENANCE_SENSOR,
         job_name=MAINTENANCE_JOB,
         minimum_interval_seconds=upkeep_interval(deps.settings.maintenance_every_seconds),
         default_status=default_status(),
-        description="Maintains the tables every maintenance_every_seconds (photon_assets/maintenance.py): "
-        "durable tier eviction, pending-click records compacted, small files compacted and vacuumed.",
+        description="Maintains the tables every maintenance_every_seconds when a run would do something "
+        "(photon_assets/maintenance.py): durable tier eviction, pending-click records compacted, small files "
+        "compacted and vacuumed.",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         now = time.time()
@@ -169,6 +171,11 @@ def table_maintainer(deps: SensorDeps) -> dg.SensorDefinition:
         wait = cursor["since"] + deps.settings.maintenance_every_seconds - now
         if wait > 0:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"next maintenance in {wait:.0f} s")
+        # An idle deployment launched a run every cadence that did nothing (a run's launch, its process and
+        # its events: CPU an idle `photon up` should not spend). Looked at once a cadence.
+        if not maintenance_due(DataLayout(Path(data_dir)), deps.settings, now):
+            return dg.SensorResult(cursor=write_cursor({**cursor, "since": now}),
+                                   skip_reason="nothing to maintain: no table to compact, no query to evict, no file to vacuum")
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"maintenance.{cursor['requested']}", run_config=run_loggers(),
                                         tags={"photon/kind": "maintenance"})],

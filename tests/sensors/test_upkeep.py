@@ -12,8 +12,11 @@ import pytest
 from dagster._core.test_utils import create_run_for_test
 
 from photon_assets.jobs import CHECK_TABLES_JOB, JOIN_CLICKS_JOB, REFRESH_AGGREGATES_JOB
+from photon_assets.maintenance import maintenance_due
 from photon_assets.work_unit import TAG_WORK_UNIT
 from resources.settings import PipelineSettings
+from resources.state.layout import DataLayout
+from resources.state.sidecars import Removals
 from sensors.deps import SensorDeps
 from sensors.dispatcher import write_cursor
 from sensors.upkeep import aggregates_refresher, table_checker, table_maintainer
@@ -70,12 +73,23 @@ def test_the_aggregates_are_refreshed_once_per_joined_version_at_most_every_inte
     assert again.run_key == f"aggregates.v{third}#2"
 
 
-def test_table_maintenance_runs_every_interval_under_numbered_keys(instance):
-    sensor = table_maintainer
+def test_table_maintenance_runs_every_interval_under_numbered_keys_when_it_has_work(tmp_path, instance):
+    sensor = partial(table_maintainer, str(tmp_path))
     first = evaluate(sensor, instance, maintenance_every_seconds=300)
     assert first.run_requests == [] and "next maintenance in" in first.skip_reason.skip_message
     due = json.dumps({**json.loads(first.cursor), "since": time.time() - 301})
-    [request] = evaluate(sensor, instance, cursor=due, maintenance_every_seconds=300).run_requests
+    # Nothing a run would do: no run, and the next look is a cadence later.
+    idle = evaluate(sensor, instance, cursor=due, maintenance_every_seconds=300)
+    assert idle.run_requests == [] and idle.skip_reason.skip_message.startswith("nothing to maintain")
+    assert json.loads(idle.cursor)["since"] > time.time() - 5
+    # Files a compaction removed two hours ago are due for a VACUUM.
+    layout = DataLayout(tmp_path)
+    removals = Removals()
+    removals.add("joined_clicks", time.time() - 2 * 3600)
+    removals.save(layout.removals_file)
+    assert maintenance_due(layout, PipelineSettings(query_cache_vacuum_retain_hours=1), time.time()) == ["vacuum joined_clicks"]
+    [request] = evaluate(sensor, instance, cursor=due, maintenance_every_seconds=300,
+                         query_cache_vacuum_retain_hours=1).run_requests
     assert request.run_key == "maintenance.0"
 
 
@@ -161,6 +175,6 @@ def test_upkeep_sensors_tick_four_times_a_cadence_and_at_least_every_15_s_in_bot
     times per cadence (every 15 s at most), under the daemon and under `photon run` alike."""
     settings = PipelineSettings(aggregates_refresh_seconds=60, table_checks_every_seconds=5, maintenance_every_seconds=600)
     data_dir = str(tmp_path)
-    makers = (partial(aggregates_refresher, data_dir), partial(table_checker, data_dir), table_maintainer)
+    makers = (partial(aggregates_refresher, data_dir), partial(table_checker, data_dir), partial(table_maintainer, data_dir))
     for deps in (SensorDeps(settings, registry=None, ticked_by_daemon=True), SensorDeps(settings, registry=None)):
         assert [make(deps).minimum_interval_seconds for make in makers] == [15, 1, 15]
