@@ -46,5 +46,13 @@ def materialize_counted(df: DataFrame, path: Path, **counts: Column) -> tuple[Da
     """`materialize`, and aggregates of `df` (name -> column expression) observed while it is
     written: the counts a pass needs cost no job of their own."""
     observation = Observation(path.name)
-    df.observe(observation, *[expr.alias(name) for name, expr in counts.items()]).write.mode("overwrite").parquet(str(path))
-    return df.sparkSession.read.schema(df.schema).parquet(str(path)), observation.get
+    aggregates = [expr.alias(name) for name, expr in counts.items()]
+    df.observe(observation, *aggregates).write.mode("overwrite").parquet(str(path))
+    written = df.sparkSession.read.schema(df.schema).parquet(str(path))
+    observed = observation.get
+    if set(counts) - set(observed):
+        # Over Spark Connect the metrics come with the write's response, and an empty dict stands for
+        # none: once, a click run's write returned without them (a `photon up` being stopped; cause not
+        # found) and the run failed on a missing count. The write committed: count its files instead.
+        observed = written.agg(*aggregates).first().asDict()
+    return written, observed
