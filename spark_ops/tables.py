@@ -171,7 +171,7 @@ TABLE_PROPERTIES["click_ledger"]["delta.dataSkippingStatsColumns"] = "work_unit"
 # The click outputs are found by key within a work unit (a retry's MERGE: write_output), or by key
 # (deduplicate). By default Delta kept statistics of their first 32 leaf columns, the joined query's
 # nested ones among them, at every append and every compaction: without them a joined_clicks append
-# took 17 % less and its OPTIMIZE ~12 % less (benchmarks/README.md, issue 42 sixteenth round).
+# took 17 % less and its OPTIMIZE ~12 % less, with work_unit's alone (docs/STACK.md, Delta).
 for _name in ("joined_clicks", "unjoinable_clicks", "pending_clicks"):
     TABLE_PROPERTIES.setdefault(_name, {})["delta.dataSkippingStatsColumns"] = "click_id,work_unit"
 # The aggregates refresh reads what was added since it last ran (spark_ops/aggregates.py).
