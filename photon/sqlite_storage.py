@@ -13,16 +13,24 @@ transaction, so nothing open is shared between threads or inherited by a forked 
 (photon/run_server.py); only the engine's dialect and compiled statements are kept. All three wait up
 to Dagster's busy timeout (30 s) for a locked database, which Dagster gave its event log only (the
 other two had pysqlite's 5 s). Keeping a connection open between calls was tried and made a live
-`photon up` slower (docs/STACK.md). The files, schema
+`photon up` slower (docs/STACK.md).
+
+They also answer from memory the questions Dagster's storages ask the database about its own schema
+(is there a table, a column, a secondary index built?) once the answer was yes: Dagster asks them at
+nearly every call, each over a connection of its own (the event log's `has_table` over a new engine
+too), and a migration only ever adds what they ask about. An idle `photon up`'s daemon spent ~36 % of
+its busy samples in them, four to six per sensor tick (py-spy, 2026-11-29). Dagster keeps some
+answers itself (`cached_property`), yes and no alike; these keep a yes only. The files, schema
 and migrations are Dagster's (`storage: sqlite` lays them out the same way), so an instance made by
 either opens with the other. dagster.yaml names this class (photon/runner.py: DAGSTER_YAML).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import dagster._check as check
@@ -85,15 +93,55 @@ class _KeptEngineConnect:
             yield conn
 
 
-class KeptEngineRunStorage(_KeptEngineConnect, SqliteRunStorage):
-    pass
+def kept_once_yes(question: Callable[..., bool]) -> Callable[..., bool]:
+    """A storage's question about its schema, answered from memory once the database said yes (the
+    module docstring says why); a no is asked again, as a migration in another process may add it."""
+
+    @functools.wraps(question)
+    def ask(self, *args) -> bool:
+        key = (question.__name__, *args)
+        if key in self._schema_yes:
+            return True
+        answer = question(self, *args)
+        if answer:
+            self._schema_yes.add(key)
+        return answer
+
+    return ask
 
 
-class KeptEngineScheduleStorage(_KeptEngineConnect, SqliteScheduleStorage):
-    pass
+class _SchemaAnswersKept:
+    """The set of schema questions answered yes (`kept_once_yes`), forgotten when the storage is wiped."""
+
+    @functools.cached_property
+    def _schema_yes(self) -> set[tuple]:
+        return set()
+
+    def wipe(self) -> None:
+        super().wipe()
+        self._schema_yes.clear()
 
 
-class KeptEngineEventLogStorage(SqliteEventLogStorage):
+class KeptEngineRunStorage(_SchemaAnswersKept, _KeptEngineConnect, SqliteRunStorage):
+    has_built_index = kept_once_yes(SqliteRunStorage.has_built_index)
+    has_run_stats_index_cols = kept_once_yes(SqliteRunStorage.has_run_stats_index_cols)
+    has_bulk_actions_selector_cols = kept_once_yes(SqliteRunStorage.has_bulk_actions_selector_cols)
+    has_backfill_id_column = kept_once_yes(SqliteRunStorage.has_backfill_id_column)
+    has_bulk_action_job_name_column = kept_once_yes(SqliteRunStorage.has_bulk_action_job_name_column)
+    has_backfill_tags_table = kept_once_yes(SqliteRunStorage.has_backfill_tags_table)
+
+
+class KeptEngineScheduleStorage(_SchemaAnswersKept, _KeptEngineConnect, SqliteScheduleStorage):
+    has_instigators_table = kept_once_yes(SqliteScheduleStorage.has_instigators_table)
+    has_secondary_index_table = kept_once_yes(SqliteScheduleStorage.has_secondary_index_table)
+    has_built_index = kept_once_yes(SqliteScheduleStorage.has_built_index)
+
+
+class KeptEngineEventLogStorage(_SchemaAnswersKept, SqliteEventLogStorage):
+    has_table = kept_once_yes(SqliteEventLogStorage.has_table)
+    has_secondary_index = kept_once_yes(SqliteEventLogStorage.has_secondary_index)
+    has_asset_key_col = kept_once_yes(SqliteEventLogStorage.has_asset_key_col)
+
     @contextmanager
     def _connect(self, shard: str) -> Iterator[Connection]:
         # As Dagster's: one transaction at a time per storage (its event watcher's thread shares it),

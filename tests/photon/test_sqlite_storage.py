@@ -4,6 +4,8 @@ process, a connection per call (so a forked run process writes through its own).
 import multiprocessing
 
 import dagster as dg
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from photon.dagster_internals import instance_at
 from photon.runner import instance_yaml
@@ -70,3 +72,37 @@ def test_a_forked_process_writes_through_its_own_connections(tmp_path):
         child.join(60)
         assert child.exitcode == 0
     assert instance.get_runs_count() == 4 and materialized(instance) == 4
+
+
+def statements_of(ask) -> list[str]:
+    """The SQL statements `ask()` sent to any database."""
+    sent = []
+
+    def record(conn, cursor, statement, *args):
+        sent.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", record)
+    try:
+        ask()
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+    return sent
+
+
+def test_schema_questions_answered_yes_are_not_asked_again_and_a_no_is(tmp_path):
+    (tmp_path / "dagster.yaml").write_text(instance_yaml(tmp_path, tmp_path / "run.sock"))
+    dg.materialize([counted], instance=instance_at(tmp_path))
+    instance = instance_at(tmp_path)  # its storages have asked nothing yet
+    schedules, events = instance.schedule_storage, instance.event_log_storage
+    for ask in (schedules.has_instigators_table, lambda: events.has_table("asset_keys")):
+        assert statements_of(ask) and ask()
+        assert statements_of(ask) == []
+
+    def never_built():
+        return schedules.has_built_index("no_such_migration")
+
+    assert statements_of(never_built) and statements_of(never_built) and not never_built()
+    # Reading the sensors' states, as every tick does: after the first, the states alone are read.
+    schedules.all_instigator_state()
+    sent = statements_of(schedules.all_instigator_state)
+    assert sent and not any("sqlite_master" in statement or "secondary_indexes" in statement for statement in sent)
