@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -127,8 +128,16 @@ class PipelineSettings(dg.ConfigurableResource):
 def pipeline_settings() -> PipelineSettings:
     """The settings of this deployment: defaults, overridden by PHOTON_SETTINGS (a JSON object). A
     bad value is a one-line ValueError naming the setting."""
+    return settings_of(os.environ.get(SETTINGS_ENV) or "{}")
+
+
+@functools.lru_cache(maxsize=16)
+def settings_of(settings_json: str) -> PipelineSettings:
+    """The settings a PHOTON_SETTINGS value gives, made once per value: a resource is immutable, and
+    building one (Dagster infers its config schema each time) was ~15 % of an idle deployment's code
+    server, whose dispatchers ask for the settings at every tick (py-spy, 2026-11-29)."""
     try:
-        return PipelineSettings(**json.loads(os.environ.get(SETTINGS_ENV) or "{}"))
+        return PipelineSettings(**json.loads(settings_json))
     except pydantic.ValidationError as error:
         raise ValueError(f"{SETTINGS_ENV}: " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})" for e in error.errors())) from None
