@@ -7,7 +7,7 @@ refresh, a compaction of its small files, is work, not idleness), the CPU time (
 a share of one core, and the runs under way in the window, if any came. On two cores every idle
 process counts: the target is an idle `photon up` under 10 % of a core.
 
-    python benchmarks/idle_cpu.py [--queries 3000] [--settle-s 30] [--window-s 60]
+    python benchmarks/idle_cpu.py [--queries 3000] [--settle-s 60] [--window-s 60]
 
 Writes benchmarks/results/<date>-idle_cpu-<commit>.json and prints one line per component.
 """
