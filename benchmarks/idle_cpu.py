@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.result_file import ResultFile  # noqa: E402
+from photon.dagster_internals import instance_at  # noqa: E402
 from resources.runtime.spark_connect import SERVER_MARKER  # noqa: E402
 from benchmarks.run import drained, generate, photon_up, process_tree_rss, stop_up  # noqa: E402
 
@@ -90,27 +91,23 @@ def measure(root: int, window_s: float) -> dict:
     return by_component
 
 
-def quiet_for(data_dir: Path) -> float:
+def quiet_for(instance) -> float:
     """Seconds since the deployment's last run ended (0: one is queued or under way)."""
     import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
 
     from photon_assets.work_unit import UNFINISHED
 
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(data_dir / "dagster")))
     if instance.get_runs_count(dg.RunsFilter(statuses=[*UNFINISHED])):
         return 0.0
     ended = [record.end_time for record in instance.get_run_records(limit=20) if record.end_time]
     return time.time() - max(ended, default=0.0)
 
 
-def runs_in_window(data_dir: Path, start: float, end: float) -> list[dict]:
+def runs_in_window(instance, start: float, end: float) -> list[dict]:
     """The deployment's runs that were under way in the window, by job: their CPU is in the window's
     count too (a check, refresh or maintenance run after the drain is work, not idleness)."""
     import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
 
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(data_dir / "dagster")))
     rows = []
     for record in instance.get_run_records(dg.RunsFilter(updated_after=datetime.fromtimestamp(start, UTC))):
         began, ended = record.start_time, record.end_time or end
@@ -138,13 +135,14 @@ def main() -> None:
                 if time.monotonic() > deadline or up.process.poll() is not None:
                     raise SystemExit("photon up did not drain the workload")
                 time.sleep(2)
-            while quiet_for(data_dir) < args.settle_s:
+            instance = instance_at(data_dir / "dagster")
+            while quiet_for(instance) < args.settle_s:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"photon up never went {args.settle_s} s without a run")
                 time.sleep(2)
             window_start = time.time()
             components = measure(up.process.pid, args.window_s)
-            runs = runs_in_window(data_dir, window_start, time.time())
+            runs = runs_in_window(instance, window_start, time.time())
         finally:
             stop_up(up)
     total = round(sum(row["core_share"] for row in components.values()), 4)
