@@ -266,6 +266,15 @@ def test_a_work_unit_failed_for_good_then_an_output_file_lost_are_each_recovered
     anything else and joins the clicks it held again."""
     truth = generate(tmp_path)
     settings = {"PHOTON_SETTINGS": json.dumps({"max_attempts": 1})}
+    # The queries first, alone: a query run in flight when the click run's process is killed would
+    # fail for good too (max_attempts 1), and a query unit failed for good needs a human.
+    clicks, held = tmp_path / "logs" / "dc1" / "click", tmp_path / "held_clicks"
+    clicks.rename(held)
+    clicks.mkdir()
+    queries_only = run(tmp_path, env_extra=settings)
+    assert queries_only["failed_work_units"] == [], queries_only
+    clicks.rmdir()
+    held.rename(clicks)
     killed = photon("run", "--data-dir", str(tmp_path), "--until-idle",
                     env_extra={"PHOTON_FAULT": "after_registry_commit:kill", **settings})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
