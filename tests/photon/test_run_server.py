@@ -1,12 +1,14 @@
 """The run launcher `photon up`'s instance names (photon/run_server.py): loaded from the data
 directory's dagster.yaml with the run server's socket, and the health check run monitoring asks it
-for. A run forked by the real server is tests/e2e/test_up.py's (its runs, killed and retried)."""
+for; and the Spark Connect session a run child releases when its run ends. A run forked by the real
+server is tests/e2e/test_up.py's (its runs, killed and retried)."""
 
 import os
 import subprocess
 import sys
 
 import dagster as dg
+import pytest
 from dagster._core.events import EngineEventData
 from dagster._core.launcher import WorkerStatus
 
@@ -54,3 +56,36 @@ def test_the_warm_run_server_holds_nothing_open_that_a_fork_would_share(tmp_path
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=os.environ, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "1 True []", out.stdout
+
+
+RELEASED_PROBE = """
+import sys
+from pyspark.sql import SparkSession
+from photon.run_server import release_spark_session
+remote, release = sys.argv[1], sys.argv[2] == "release"
+session = SparkSession.builder.remote(remote).getOrCreate()
+session.range(3).collect()
+if release:
+    release_spark_session()
+again = SparkSession.builder.remote(f"{remote}/;session_id={session.session_id}").create()
+try:
+    again.range(1).collect()
+except Exception as error:
+    print("refused:", str(error).splitlines()[0])
+else:
+    print("served")
+"""
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_a_forked_runs_spark_session_is_released_on_the_server_when_it_ends(spark_connect_server, release):
+    """What a run child does after its run (`release_spark_session`): its session's id is refused by the
+    server from then on, where an unreleased one is still served."""
+    probe = subprocess.run([sys.executable, "-c", RELEASED_PROBE, spark_connect_server,
+                            "release" if release else "keep"], capture_output=True, text=True, timeout=300, check=False)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    answer = probe.stdout.strip().splitlines()[-1]
+    if release:
+        assert answer.startswith("refused:") and "SESSION_CLOSED" in answer, answer
+    else:
+        assert answer == "served", answer
