@@ -123,9 +123,9 @@ def _execute(run_id: str) -> int:
 def release_spark_session() -> None:
     """The Spark Connect session this process's run opened, released on the server. A process that
     just exits leaves it there until the server's idle timeout (an hour, Spark's default), with what
-    it holds (its configuration, its Hadoop configuration's ~2,000 entries): ~0.3 MB of the server's
-    heap a session, and `photon up` opens ~1,000 an hour at 1,000 clicks/s (docs/STACK.md, Spark
-    Connect). pyspark's `stop` is best effort: it logs what it could not do."""
+    it holds (its configuration, its Hadoop configuration's ~2,000 entries): 0.2-0.3 MB of the
+    server's heap a session, and `photon up` opens ~1,000 an hour at 1,000 clicks/s (docs/STACK.md,
+    Spark Connect). pyspark's `stop` is best effort: it logs what it could not do."""
     from pyspark.sql.connect.session import SparkSession
 
     session = SparkSession.getActiveSession()
