@@ -23,7 +23,6 @@ unit is retried as before.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -38,6 +37,7 @@ from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, Lau
 from dagster._serdes import ConfigurableClassData
 
 from photon.run_processes import process_alive_since, run_process
+from resources.runtime.forking import freeze_before_fork
 
 SOCKET_ENV = "PHOTON_RUN_SERVER_SOCKET"
 log = logging.getLogger(__name__)
@@ -158,12 +158,7 @@ def serve(path: Path) -> None:
     """Forks a child per request until SIGTERM. Children are reaped by the kernel (SIGCHLD ignored);
     they stay in this process's group, so a signal to it reaches the runs too."""
     _warm_up()
-    # What the warm-up left alive is shared with every child, page for page, until something writes to
-    # it; a collection in the child writes to every object it traverses. Frozen, the collector leaves
-    # those objects alone (the gc module's own advice for a fork without exec): four children forked
-    # from this state, each collecting, held 38 MB of PSS each against 99 MB (docs/STACK.md, Dagster).
-    gc.collect()
-    gc.freeze()
+    freeze_before_fork()
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -176,7 +171,7 @@ def serve(path: Path) -> None:
             conn, _ = listener.accept()
             with conn:
                 request = json.loads(conn.makefile("rb").readline() or b"{}")
-                gc.freeze()  # what this loop made since, too
+                freeze_before_fork()  # what this loop made since, too
                 pid = os.fork()
                 if pid == 0:  # the child: the run, then exit without this process's cleanup
                     listener.close()

@@ -13,7 +13,6 @@ resources/spark.py): pyspark's own daemon, started with two changes measured on 
   that it keeps sharing them).
 """
 
-import gc
 import sys
 from importlib.machinery import PathFinder
 from pathlib import Path
@@ -44,9 +43,7 @@ if __name__ == "__main__":
     import spark_ops.registry_calls  # noqa: F401
     from pyspark import daemon
 
-    # The forked workers share those modules' pages until a collection in one of them writes to every
-    # object it traverses; frozen, the collector skips them (the gc module's advice for a fork without
-    # exec): four forks of this state, each collecting, held 18 MB of PSS each against 35 MB.
-    gc.collect()
-    gc.freeze()
+    from resources.runtime.forking import freeze_before_fork
+
+    freeze_before_fork()
     daemon.manager()
