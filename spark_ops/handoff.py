@@ -13,6 +13,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
 
 
 def stage(df: DataFrame, path: Path) -> ds.Dataset:
@@ -20,14 +21,17 @@ def stage(df: DataFrame, path: Path) -> ds.Dataset:
     return ds.dataset(str(path), format="parquet")
 
 
-def unstage(spark: SparkSession, answer: pa.RecordBatchReader, path: Path) -> DataFrame:
+def unstage(spark: SparkSession, answer: pa.RecordBatchReader, path: Path, schema: StructType | None = None) -> DataFrame:
+    """`answer` written as Parquet at `path`, read by Spark with `schema` (the Spark schema it was
+    converted from), or else with the Arrow schema's own."""
     path.mkdir(parents=True, exist_ok=True)
     with pq.ParquetWriter(str(path / "part-0.parquet"), answer.schema) as writer:
         for batch in answer:
             writer.write_batch(batch)
     # Read with the schema it was written with: inferring it is a Spark job of its own. Arrow's
     # timestamps without a zone are Spark's TIMESTAMP_NTZ, as inference would read them.
-    return spark.read.schema(from_arrow_schema(answer.schema, prefer_timestamp_ntz=True)).parquet(str(path))
+    schema = schema or from_arrow_schema(answer.schema, prefer_timestamp_ntz=True)
+    return spark.read.schema(schema).parquet(str(path))
 
 
 def materialize(df: DataFrame, path: Path) -> DataFrame:

@@ -2,7 +2,8 @@
 log_file_map), the click ledger, and quarantine.
 
 A unit's lines are parsed by one Spark job, into the unit's staging directory (`stage_lines`); query
-lines reach the memory tier from the same tasks that parse them. Everything else reads the staged
+lines reach the memory tier from the same tasks that parse them. A unit of at most one parse chunk
+(a live click unit) is parsed in the driver instead, by the same function. Everything else reads the staged
 lines: the tables' appends in Spark, and the unit's counts, event-time sketch and log file map
 entries in the driver, from a few columns with pyarrow (a few rows per writer come out of them: no
 Spark job for a count). Each row appended carries its work unit, so a retried work unit that had
@@ -24,7 +25,15 @@ from pyspark.sql import functions as F
 from resources.event_store.tail_segments import TailSegments
 from resources.state.watermark import SKETCH_FRACTIONS
 from spark_ops.handoff import materialize, unstage
-from spark_ops.parse import TEXT_FIELDS, ByteRange, events, parse_ranges, quarantined
+from spark_ops.parse import (
+    CHUNK_BYTES,
+    TEXT_FIELDS,
+    ByteRange,
+    events,
+    parse_in_driver,
+    parse_ranges,
+    quarantined,
+)
 from spark_ops.registry_calls import QueryPut
 from spark_ops.schemas import PARSED, with_run_values
 from spark_ops.tables import append_once
@@ -50,8 +59,16 @@ class IngestStats:
 
 
 def stage_lines(spark: SparkSession, stream: str, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int,
-                path: Path, text_sink=None) -> DataFrame:
-    """The ranges' lines parsed once (spark_ops/parse.py), into Parquet at `path`, read back."""
+                path: Path, text_sink=None, driver_parse_bytes: int = CHUNK_BYTES) -> DataFrame:
+    """The ranges' lines parsed once (spark_ops/parse.py), into Parquet at `path`, read back. Up to
+    `driver_parse_bytes` (one parse chunk, which Spark too would read in a task or two) and with no
+    text sink (whose puts are keyed by the task), parsed in the driver: the Spark job that would
+    parse a live click unit costs ~0.45 s more than the parse (benchmarks/README.md, issue 42's
+    nineteenth round), a tenth of a click run."""
+    if text_sink is None and sum(r.end - r.start for r in ranges) <= driver_parse_bytes:
+        parsed = parse_in_driver(stream, stream_dir, ranges, max_line_bytes)
+        return unstage(spark, pa.RecordBatchReader.from_batches(parsed.schema, parsed.to_batches()), path,
+                       PARSED[stream])
     return materialize(parse_ranges(spark, stream, stream_dir, ranges, max_line_bytes, text_sink=text_sink), path)
 
 

@@ -1,6 +1,7 @@
-"""A query run's staging (spark_ops/ingest.py, stage_queries): with a query tailer feeding the memory
-tier, the lines it parsed are staged from its segments, row for row what the run's own parse in
-Spark stages; ranges the tailer has not read are parsed."""
+"""A unit's staging (spark_ops/ingest.py). A query run's (stage_queries): with a query tailer feeding
+the memory tier, the lines it parsed are staged from its segments, row for row what the run's own
+parse in Spark stages; ranges the tailer has not read are parsed. A click unit of one parse chunk
+(stage_lines) is parsed in the driver, row for row as Spark would."""
 
 import pyarrow.dataset as ds
 
@@ -11,9 +12,10 @@ from resources.event_store.tail_segments import TailSegments
 from resources.registry.shards import ShardedIdRegistry
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
-from spark_ops.ingest import line_stats, stage_queries
-from spark_ops.parse import ByteRange
+from spark_ops.ingest import line_stats, stage_lines, stage_queries
+from spark_ops.parse import CHUNK_BYTES, ByteRange
 from spark_ops.registry_calls import QueryPut
+from spark_ops.schemas import PARSED
 
 KEY = ["file", "offset"]
 
@@ -49,3 +51,32 @@ def test_a_query_run_stages_what_the_tailer_parsed_exactly_as_its_own_parse(tmp_
         assert not by_tailer and line_stats(tmp_path / "longer").lines == line_stats(tmp_path / "parsed").lines + 1
     finally:
         registry.close()
+
+
+def spark_jobs_of(spark, stage) -> int:
+    group = "stage_lines-test"
+    context = spark.sparkContext
+    context.setJobGroup(group, group)
+    try:
+        stage()
+        return len(context.statusTracker().getJobIdsForGroup(group))
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+
+
+def test_a_click_unit_of_one_chunk_is_staged_by_the_driver_row_for_row_as_by_spark(tmp_path, spark):
+    layout = DataLayout(tmp_path / "data")
+    gen.generate(layout.root, gen.GenConfig(queries=600, seed=11, bad_lines=6))
+    stream_dir = layout.stream_dir("dc1", "click")
+    ranges = [ByteRange(str(p.relative_to(stream_dir)), 0, p.stat().st_size) for p in sorted(stream_dir.rglob("*.jsonl"))]
+    staged, jobs = {}, {}
+    for way, limit in (("driver", CHUNK_BYTES), ("spark", 0)):
+        def stage(way=way, limit=limit):
+            staged[way] = stage_lines(spark, "click", stream_dir, ranges, 65536, tmp_path / way, driver_parse_bytes=limit)
+        jobs[way] = spark_jobs_of(spark, stage)
+    # The driver's way runs no Spark job: nothing is read until the frame is used.
+    assert jobs["driver"] == 0 < jobs["spark"]
+    assert staged["driver"].schema == staged["spark"].schema == PARSED["click"]
+    assert staged_rows(tmp_path / "driver").equals(staged_rows(tmp_path / "spark"))
+    stats = line_stats(tmp_path / "driver")
+    assert stats.quarantined > 0 and staged["driver"].count() == stats.lines > 50

@@ -3,7 +3,15 @@ import json
 import pyarrow as pa
 import pytest
 
-from spark_ops.parse import LOOKUP_CHUNK_FIELDS, ByteRange, events, parse_chunks, parse_ranges, quarantined
+from spark_ops.parse import (
+    LOOKUP_CHUNK_FIELDS,
+    ByteRange,
+    events,
+    parse_chunks,
+    parse_in_driver,
+    parse_ranges,
+    quarantined,
+)
 from spark_ops.schemas import PARSED, arrow_schema
 from tests.conftest import click, query, write_lines
 
@@ -23,6 +31,20 @@ def test_every_line_is_parsed_once_whatever_the_chunking(spark, tmp_path, chunk_
     assert parsed[0].offset == 0
     assert all(a.offset + a.length == b.offset for a, b in zip(parsed, parsed[1:]))
     assert parsed[-1].offset + parsed[-1].length == path.stat().st_size
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 1 << 20])
+def test_the_driver_parses_ranges_row_for_row_as_the_spark_job(spark, tmp_path, chunk_bytes):
+    write_lines(tmp_path / "w" / "0.jsonl", GOOD[:5] + BAD + GOOD[5:])
+    size = write_lines(tmp_path / "w" / "1.jsonl", GOOD[3:] + BAD[:1]).stat().st_size
+    # A range starting and one ending mid-file, and an empty one.
+    ranges = [ByteRange("w/0.jsonl", 0, (tmp_path / "w" / "0.jsonl").stat().st_size), ByteRange("w/1.jsonl", 0, 0),
+              ByteRange("w/1.jsonl", len(json.dumps(GOOD[3])) + 1, size)]
+    by_spark = parse_ranges(spark, "click", tmp_path, ranges, max_line_bytes=300, chunk_bytes=chunk_bytes).toArrow()
+    by_driver = parse_in_driver("click", tmp_path, ranges, max_line_bytes=300, chunk_bytes=chunk_bytes)
+    key = [("file", "ascending"), ("offset", "ascending")]
+    assert by_driver.num_rows == 15 + 9
+    assert by_driver.sort_by(key).equals(by_spark.cast(by_driver.schema).sort_by(key))
 
 
 def test_ranges_read_only_their_bytes_and_quarantine_records_where(spark, tmp_path):
