@@ -38,12 +38,18 @@ def machine() -> dict:
             "python": sys.version.split()[0], "jvm_class_archive": archive.name if archive else None}
 
 
+def photon_environment() -> dict:
+    """The PHOTON_* variables the benchmark ran under (a JVM option or a setting tried for a run), so
+    that a result says what it measured besides the commit."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("PHOTON_")}
+
+
 class ResultFile:
     """Where a benchmark writes its result, and the head every result starts with."""
 
     def __init__(self, benchmark: str, name: str | None = None, results_dir: Path = RESULTS):
         self.head = {"benchmark": benchmark, "date": date.today().isoformat(), "commit": commit(),
-                     "machine": machine(), "command": " ".join(sys.argv)}
+                     "machine": machine(), "command": " ".join(sys.argv), "environment": photon_environment()}
         self.path = Path(results_dir) / f"{self.head['date']}-{name or benchmark}-{self.head['commit']}.json"
 
     def renamed(self, benchmark: str) -> "ResultFile":
