@@ -3,8 +3,8 @@ log_file_map), the click ledger, and quarantine.
 
 A unit's lines are parsed by one Spark job, into the unit's staging directory (`stage_lines`); query
 lines reach the memory tier from the same tasks that parse them. A unit of at most one parse chunk
-(a live click unit) is parsed in the driver instead, by the same function. Everything else reads the staged
-lines: the tables' appends in Spark, and the unit's counts, event-time sketch and log file map
+(a live click unit) is parsed in the driver instead, by the same function. Everything else reads
+the staged lines: the tables' appends in Spark, and the unit's counts, event-time sketch and log file map
 entries in the driver, from a few columns with pyarrow (a few rows per writer come out of them: no
 Spark job for a count). Each row appended carries its work unit, so a retried work unit that had
 already committed a table appends nothing more to it (spark_ops/tables.py: append_once).
