@@ -41,7 +41,7 @@ from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.watermark import SKETCH_FRACTIONS
 from resources.state.work_unit_log import WorkUnitLog, new_ranges
-from spark_ops.parse import CHUNK_FIELDS, TEXT_FIELDS, parse_chunks
+from spark_ops.parse import TEXT_FIELDS, ByteRange, parse_in_driver
 from spark_ops.schemas import PARSED, arrow_schema
 
 log = logging.getLogger(__name__)
@@ -145,17 +145,10 @@ class QueryTailer:
     def _parse(self, ranges: list[tuple[str, int, int]]) -> tuple[pa.Table, pa.Table]:
         """The valid lines (TEXT_FIELDS) and every line parsed, as a query run stages it (no text), by
         the query runs' parser."""
-        chunks = pa.table({
-            "path": [str(self.stream_dir / f) for f, _, _ in ranges], "file": [f for f, _, _ in ranges],
-            "range_end": [e for _, _, e in ranges], "chunk_start": [s for _, s, _ in ranges],
-            "chunk_end": [e for _, _, e in ranges], "owns_first_line": [True] * len(ranges),
-        }, schema=arrow_schema(CHUNK_FIELDS))
         texts: list[pa.Table] = []
-        parse = parse_chunks("query", self.settings.max_line_bytes, PARSED_QUERY, texts.append)
-        rows = list(parse(iter(chunks.to_batches())))
-        valid = pa.concat_tables(texts) if texts else TEXT_SCHEMA.empty_table()
-        parsed = pa.Table.from_batches(rows, PARSED_QUERY) if rows else PARSED_QUERY.empty_table()
-        return valid, parsed
+        parsed = parse_in_driver("query", self.stream_dir, [ByteRange(*r) for r in ranges], self.settings.max_line_bytes,
+                                 text_sink=texts.append)
+        return (pa.concat_tables(texts) if texts else TEXT_SCHEMA.empty_table()), parsed
 
     def _put(self, ranges: list[tuple[str, int, int]]) -> int:
         valid, parsed = self._parse(ranges)

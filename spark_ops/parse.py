@@ -255,13 +255,14 @@ def parse_ranges(
 
 
 def parse_in_driver(stream: str, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int = 65536,
-                    chunk_bytes: int = CHUNK_BYTES) -> pa.Table:
-    """What `parse_ranges` yields for the ranges (PARSED[stream] as Arrow), parsed here by the same
-    function its tasks run. For a live click unit (~1.5 MB) this is ~0.13 s against ~0.58 s for the
-    Spark job that would parse it in one or two tasks (spark_ops/ingest.py: stage_lines)."""
+                    chunk_bytes: int = CHUNK_BYTES, text_sink: Callable[[pa.Table], None] | None = None) -> pa.Table:
+    """What `parse_ranges` yields for the ranges (PARSED[stream] as Arrow), parsed in this process by
+    the same function its tasks run; `text_sink` as there. For a live click unit (~1.5 MB) this is
+    ~0.13 s against ~0.58 s for the Spark job that would parse it in one or two tasks
+    (spark_ops/ingest.py: stage_lines); the query tailer parses its puts so (photon/query_tail.py)."""
     schema = arrow_schema(PARSED[stream])
     chunks = chunk_table(stream_dir, [r for r in ranges if r.end > r.start], chunk_bytes)
-    batches = list(parse_chunks(stream, max_line_bytes, schema)(iter(chunks.to_batches())))
+    batches = list(parse_chunks(stream, max_line_bytes, schema, text_sink)(iter(chunks.to_batches())))
     return pa.Table.from_batches(batches, schema=schema)
 
 

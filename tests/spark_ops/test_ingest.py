@@ -11,6 +11,7 @@ from resources.event_store.memory_tier import Holding
 from resources.event_store.tail_segments import TailSegments
 from resources.registry.shards import ShardedIdRegistry
 from resources.settings import PipelineSettings
+from resources.spark import SparkResource
 from resources.state.layout import DataLayout
 from spark_ops.ingest import line_stats, stage_lines, stage_queries
 from spark_ops.parse import CHUNK_BYTES, ByteRange
@@ -53,15 +54,12 @@ def test_a_query_run_stages_what_the_tailer_parsed_exactly_as_its_own_parse(tmp_
         registry.close()
 
 
-def spark_jobs_of(spark, stage) -> int:
-    group = "stage_lines-test"
-    context = spark.sparkContext
-    context.setJobGroup(group, group)
-    try:
+def spark_jobs_of(stage) -> int:
+    """The Spark jobs `stage()` ran, counted as a run counts its own (SparkResource.jobs_counted, on the
+    process's session)."""
+    with SparkResource.local(shuffle_partitions=2).jobs_counted("stage_lines-test") as jobs:
         stage()
-        return len(context.statusTracker().getJobIdsForGroup(group))
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)
+        return jobs()["spark_jobs"]
 
 
 def test_a_click_unit_of_one_chunk_is_staged_by_the_driver_row_for_row_as_by_spark(tmp_path, spark):
@@ -73,7 +71,7 @@ def test_a_click_unit_of_one_chunk_is_staged_by_the_driver_row_for_row_as_by_spa
     for way, limit in (("driver", CHUNK_BYTES), ("spark", 0)):
         def stage(way=way, limit=limit):
             staged[way] = stage_lines(spark, "click", stream_dir, ranges, 65536, tmp_path / way, driver_parse_bytes=limit)
-        jobs[way] = spark_jobs_of(spark, stage)
+        jobs[way] = spark_jobs_of(stage)
     # The driver's way runs no Spark job: nothing is read until the frame is used.
     assert jobs["driver"] == 0 < jobs["spark"]
     assert staged["driver"].schema == staged["spark"].schema == PARSED["click"]
