@@ -120,17 +120,32 @@ def _execute(run_id: str) -> int:
         return _execute_run_command_body(run_id, instance, lambda event: None, set_exit_code_on_failure=False)
 
 
-def release_spark_session() -> None:
+# How long a run child waits for its session's release before it exits anyway.
+RELEASE_SECONDS = 10.0
+
+
+def release_spark_session(seconds: float = RELEASE_SECONDS) -> None:
     """The Spark Connect session this process's run opened, released on the server. A process that
     just exits leaves it there until the server's idle timeout (an hour, Spark's default), with what
     it holds (its configuration, its Hadoop configuration's ~2,000 entries): 0.2-0.3 MB of the
     server's heap a session, and `photon up` opens ~1,000 an hour at 1,000 clicks/s (docs/STACK.md,
-    Spark Connect). pyspark's `stop` is best effort: it logs what it could not do."""
+    Spark Connect). pyspark's `stop` is best effort: it logs what it could not do. It is one attempt
+    within `seconds`: with the client's retry policy, a release to a server that is gone (killed with
+    the `photon up` that started it) retried for ~10 minutes, and the run's process, its run ended,
+    lived on as long."""
+    import threading
+
     from pyspark.sql.connect.session import SparkSession
 
     session = SparkSession.getActiveSession()
-    if session is not None:
-        session.stop()
+    if session is None:
+        return
+    session.client.set_retry_policies([])
+    release = threading.Thread(target=session.stop, name="release-spark-session", daemon=True)
+    release.start()
+    release.join(seconds)
+    if release.is_alive():
+        log.warning("the Spark session was not released within %.0f s; the server ends it when idle", seconds)
 
 
 # The code location's module, as the workspace names it (workspace.yaml; photon/runner.py: workspace).

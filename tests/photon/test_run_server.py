@@ -15,6 +15,7 @@ from dagster._core.launcher import WorkerStatus
 from photon.dagster_internals import instance_at
 from photon.run_server import ForkServerRunLauncher
 from photon.runner import prepare_environment, run_server_socket
+from resources.runtime.spark_connect import free_port
 from resources.state.layout import DataLayout
 
 
@@ -89,3 +90,23 @@ def test_a_forked_runs_spark_session_is_released_on_the_server_when_it_ends(spar
         assert answer.startswith("refused:") and "SESSION_CLOSED" in answer, answer
     else:
         assert answer == "served", answer
+
+
+GONE_PROBE = """
+import sys, time
+from pyspark.sql import SparkSession
+from photon.run_server import release_spark_session
+session = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+began = time.monotonic()
+release_spark_session(float(sys.argv[2]))
+print(f"released {time.monotonic() - began:.1f}")
+"""
+
+
+def test_a_run_child_whose_spark_connect_server_is_gone_exits_within_the_release_bound():
+    """A run child whose server died with its `photon up` (killed by SIGKILL) gives the release one
+    attempt within its bound: with the client's retries it lived ~10 minutes after its run ended."""
+    probe = subprocess.run([sys.executable, "-c", GONE_PROBE, f"sc://127.0.0.1:{free_port()}", "5"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert float(probe.stdout.split()[-1]) < 5 + 2, probe.stdout
