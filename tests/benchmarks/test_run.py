@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import run as run_script
 from benchmarks.run import latency_histogram, percentiles
 
 pytestmark = pytest.mark.benchmarks
@@ -83,3 +84,14 @@ def test_the_latency_histogram_keeps_every_click_in_one_second_bins():
     histogram = latency_histogram([12.2, 12.9, 15.0, 13.5])
     assert histogram == {"bin_seconds": 1.0, "first_bin_seconds": 12, "counts": [2, 1, 0, 1]}
     assert latency_histogram([])["counts"] == []
+
+
+def test_flink_missing_its_environment_is_refused_before_any_system_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run_script, "FLINK_PYTHON", tmp_path / "no-venv" / "bin" / "python")
+    monkeypatch.setattr(sys, "argv", ["run.py", "--work-dir", str(tmp_path / "work"), "--results-dir",
+                                      str(tmp_path / "results"), "live", "--systems", "photon,flink"])
+    with pytest.raises(SystemExit) as exit_:
+        run_script.main()
+    assert exit_.value.code == 2
+    assert "Flink's virtual environment is missing" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists() and not (tmp_path / "results").exists()
