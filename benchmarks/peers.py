@@ -757,13 +757,18 @@ def event_time_span_seconds(truth: dict) -> float:
     return float(span + config["click_delay_max_s"])
 
 
+def flink_environment_missing() -> str | None:
+    """Why Flink cannot run here (its virtual environment, which scripts/setup.sh installs), or None."""
+    return None if FLINK_PYTHON.exists() else f"Flink's virtual environment is missing ({FLINK_PYTHON}): run scripts/setup.sh"
+
+
 def flink_job(mode: str, logs: Path, out: Path, options: dict, shipping_done: Path | None = None,
               background: bool = False):
     """flink_join.py in Flink's virtual environment: its JSON result, or (background) the process."""
     import subprocess
 
-    if not FLINK_PYTHON.exists():
-        raise SystemExit(f"Flink's virtual environment is missing ({FLINK_PYTHON}): run scripts/setup.sh")
+    if missing := flink_environment_missing():
+        raise SystemExit(missing)
     command = [str(FLINK_PYTHON), str(FLINK_JOB), mode, "--logs", str(logs), "--out", str(out),
                "--jars", str(FLINK_JARS_DIR)]
     for key, value in options.items():

@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the project's packages and benchmarks.peers
 from benchmarks.latency_stages import LogSampler, click_run_cost, latency_stages  # noqa: E402
 from benchmarks.result_file import RESULTS, ResultFile  # noqa: E402
-from benchmarks.peers import DEFAULT_BOUND, FLINK_PYTHON  # noqa: E402 (DEFAULT_BOUND: the streaming peers' 300 s)
+from benchmarks.peers import DEFAULT_BOUND, flink_environment_missing  # noqa: E402 (DEFAULT_BOUND: the streaming peers' 300 s)
 PYTHON = sys.executable
 MB = 1_000_000
 BACKLOG_MIN_QUERIES = 2_000_000  # the issue's backlog workload: at least 2 million queries
@@ -1021,10 +1021,10 @@ def main() -> None:
     args = parser.parse_args()
     if getattr(args, "keep_data", False) and args.work_dir is None:
         parser.error("--keep-data needs --work-dir (a temporary work directory is removed)")
-    if "flink" in (getattr(args, "systems", None) or []) and not FLINK_PYTHON.exists():
+    if "flink" in (getattr(args, "systems", None) or []) and (missing := flink_environment_missing()):
         # Before any system runs: found only at Flink's turn, a live run had spent its other systems'
         # hour on a result file without Flink.
-        parser.error(f"Flink's virtual environment is missing ({FLINK_PYTHON}): run scripts/setup.sh")
+        parser.error(missing)
 
     # The head of every result this run writes, taken now: the commit measured is the one checked out at the start.
     results = ResultFile(args.workload, results_dir=args.results_dir)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import peers
 from benchmarks import run as run_script
 from benchmarks.run import latency_histogram, percentiles
 
@@ -87,7 +88,7 @@ def test_the_latency_histogram_keeps_every_click_in_one_second_bins():
 
 
 def test_flink_missing_its_environment_is_refused_before_any_system_runs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(run_script, "FLINK_PYTHON", tmp_path / "no-venv" / "bin" / "python")
+    monkeypatch.setattr(peers, "FLINK_PYTHON", tmp_path / "no-venv" / "bin" / "python")
     monkeypatch.setattr(sys, "argv", ["run.py", "--work-dir", str(tmp_path / "work"), "--results-dir",
                                       str(tmp_path / "results"), "live", "--systems", "photon,flink"])
     with pytest.raises(SystemExit) as exit_:
