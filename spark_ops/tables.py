@@ -152,11 +152,15 @@ TABLE_SCHEMAS: dict[str, tuple[T.StructType, list[str]]] = {
 }
 
 # Set when a table is created.
-# Spark writes a table's checkpoint in the commit that reaches a multiple of its interval (~2.3 s on
-# 2 cores). A pass commits once to each of these tables, so with one interval every table would
-# checkpoint in the same pass: distinct intervals spread them over passes.
-CHECKPOINT_INTERVALS = {"query_logs": 10, "log_file_map": 11, "click_ledger": 12, "joined_clicks": 13,
-                        "pending_clicks": 14}
+# Spark writes a table's checkpoint in the commit that reaches a multiple of its interval, inside that
+# commit (Delta's post-commit hook: three jobs and a Parquet write, ~1.5 s of a click run on 2 cores).
+# A click run commits once to each of the click tables: at intervals of 12-14, one click run in five
+# paid a checkpoint, and those runs made the tail of a live run's latency (issue 42, round
+# twenty-one). At ~50 one run in eighteen pays it; a reader replays at most that many small commit files
+# after the checkpoint (deltalake: ~25 ms at 110, ~6 ms at 7). Distinct intervals keep two tables
+# from checkpointing in the same run.
+CHECKPOINT_INTERVALS = {"query_logs": 10, "log_file_map": 11, "click_ledger": 47, "joined_clicks": 53,
+                        "pending_clicks": 59}
 TABLE_PROPERTIES: dict[str, dict[str, str]] = {
     name: {"delta.checkpointInterval": str(interval)} for name, interval in CHECKPOINT_INTERVALS.items()
 }
