@@ -27,6 +27,8 @@ and a click run's append beside it waits for nothing.
 from __future__ import annotations
 
 import fcntl
+import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -285,6 +287,30 @@ def ensure_table(name: str, path: str) -> None:
         if not table_committed(path):
             deltalake.DeltaTable.create(path, arrow_schema(schema), partition_by=partitions or None,
                                         configuration=TABLE_PROPERTIES.get(name) or None)
+            write_first_checksum(path)
+
+
+def write_first_checksum(path: str) -> None:
+    """The Version Checksum file of an empty table's first version (Delta's protocol: "Version Checksum
+    File"), which `deltalake` does not write: no files, and the protocol and metadata its commit set.
+    Spark's Delta reads a version's protocol and metadata from that file and derives the next
+    version's checksum from it; without it, the first Spark commit to each table reconstructed the
+    table's state with Spark jobs ("Compute snapshot for version: 0"), which on a fresh JVM compiled
+    their code first: ~4 s of a fresh deployment's first click run (docs/STACK.md). Never replaces a
+    checksum file: written aside, then linked into place."""
+    log = Path(path) / "_delta_log"
+    actions = [json.loads(line) for line in (log / f"{0:020d}.json").read_text().splitlines() if line.strip()]
+    first = {key: action[key] for action in actions for key in ("protocol", "metaData") if key in action}
+    checksum = {"tableSizeBytes": 0, "numFiles": 0, "numMetadata": 1, "numProtocol": 1, "setTransactions": [],
+                "domainMetadata": [], "metadata": first["metaData"], "protocol": first["protocol"]}
+    aside = log / f".{0:020d}.crc.{os.getpid()}.{threading.get_ident()}"
+    aside.write_text(json.dumps(checksum))
+    try:
+        os.link(aside, log / f"{0:020d}.crc")
+    except FileExistsError:
+        pass
+    finally:
+        aside.unlink()
 
 
 def merge_into(path: str, source: DataFrame, clauses: str) -> None:

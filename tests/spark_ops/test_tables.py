@@ -5,7 +5,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_ops.meter import metered
-from spark_ops.tables import append_once, delta_path, delta_rows, latest_version, read_table, vacuum, write_output
+from resources.spark import SparkResource
+from spark_ops.tables import (append_once, delta_path, delta_rows, ensure_table, latest_version, read_table, vacuum,
+                             write_output)
 
 LEDGER_COLUMNS = ["dc", "click_id", "work_unit"]
 
@@ -35,6 +37,33 @@ def test_a_retry_appends_nothing_an_earlier_attempt_committed(spark, tmp_path):
     stats = columns_with_statistics(path)
     assert stats and all(s == {"work_unit"} for s in stats), stats
     assert meter.commits == {"click_ledger": 2}
+
+
+def test_a_created_table_carries_its_first_checksum_and_spark_appends_to_it_without_rebuilding_its_state(
+        spark, tmp_path):
+    first_append_jobs = {}
+    for name in ("without", "with"):
+        path = str(tmp_path / name / "click_ledger")
+        ensure_table("click_ledger", path)
+        log = Path(path, "_delta_log")
+        checksum = json.loads((log / f"{0:020d}.crc").read_text())
+        if name == "without":
+            (log / f"{0:020d}.crc").unlink()
+        with SparkResource.local(shuffle_partitions=2).jobs_counted(f"first-append-{name}") as jobs, metered():
+            append_once(ledger_rows(spark, ["a"], "u1"), "click_ledger", path, "u1", attempt=1)
+            first_append_jobs[name] = jobs()["spark_jobs"]
+    # The checksum is the first commit's protocol and metadata, and no files.
+    commit = {key: action[key] for line in (log / f"{0:020d}.json").read_text().splitlines()
+              for action in [json.loads(line)] for key in ("protocol", "metaData") if key in action}
+    assert (checksum["protocol"], checksum["metadata"]) == (commit["protocol"], commit["metaData"])
+    assert (checksum["numFiles"], checksum["tableSizeBytes"]) == (0, 0)
+    # Without it, Spark rebuilt the table's state with jobs of its own before and after its commit.
+    assert first_append_jobs["with"] < first_append_jobs["without"], first_append_jobs
+    # Spark derived the next version's checksum from it: the one file it added.
+    [added] = [json.loads(line)["add"] for line in (log / f"{1:020d}.json").read_text().splitlines() if '"add"' in line]
+    after = json.loads((log / f"{1:020d}.crc").read_text())
+    assert (after["numFiles"], after["tableSizeBytes"]) == (1, added["size"])
+    assert [r.click_id for r in read_table(spark, "click_ledger", path).collect()] == ["a"]
 
 
 def test_a_retry_writes_only_the_keys_its_earlier_attempt_did_not(spark, tmp_path):
