@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from spark_ops.meter import metered
 from resources.spark import SparkResource
+from spark_ops.meter import metered
 from spark_ops.tables import (append_once, delta_path, delta_rows, ensure_table, latest_version, read_table, vacuum,
                              write_output)
 
