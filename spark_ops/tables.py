@@ -267,6 +267,12 @@ def compact(spark: SparkSession, path: str) -> int | None:
         raise
 
 
+def commit_actions(path: str, version: int) -> list[dict]:
+    """The actions of one commit of the Delta table at `path`, read from its commit file in the log."""
+    commit = Path(path) / "_delta_log" / f"{version:020d}.json"
+    return [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
+
+
 def table_committed(path: str) -> bool:
     """Whether the Delta table at `path` has a first commit. Its `_delta_log` directory appears before
     that commit does (a reader there in between finds no table); a commit file appears whole (renamed
@@ -299,8 +305,7 @@ def write_first_checksum(path: str) -> None:
     compiled first: a fresh deployment's first click run ran 29 Spark jobs, 17 with it (docs/STACK.md).
     Never replaces a checksum file: written aside, then linked into place."""
     log = Path(path) / "_delta_log"
-    actions = [json.loads(line) for line in (log / f"{0:020d}.json").read_text().splitlines() if line.strip()]
-    first = {key: action[key] for action in actions for key in ("protocol", "metaData") if key in action}
+    first = {key: action[key] for action in commit_actions(path, 0) for key in ("protocol", "metaData") if key in action}
     checksum = {"tableSizeBytes": 0, "numFiles": 0, "numMetadata": 1, "numProtocol": 1, "setTransactions": [],
                 "domainMetadata": [], "metadata": first["metaData"], "protocol": first["protocol"]}
     aside = log / f".{0:020d}.crc.{os.getpid()}.{threading.get_ident()}"

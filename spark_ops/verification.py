@@ -20,7 +20,6 @@ then show up here as lost ids.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,7 +36,7 @@ from pyspark.sql.window import Window
 from spark_ops.event_store import event_id_parts
 from spark_ops.pending import COLUMNS, CURRENT_SQL, pending_of
 from spark_ops.tables import (
-    CLICK_EVENT, append, delta_rows, duckdb_over, ensure_table, no_rows, one_row, overwrite, overwrite_where, read_table,
+    CLICK_EVENT, append, commit_actions, delta_rows, duckdb_over, ensure_table, no_rows, one_row, overwrite, overwrite_where, read_table,
     sql_literal, table_committed, table_lock,
 )
 
@@ -228,13 +227,9 @@ def committed_version(path: str) -> int:
 def files_added_after(path: str, version: int) -> list[str]:
     """The data files the table's commits after `version` added, read from their commit files in its
     Delta log (the protocol's `add` actions): the cost follows those commits, not the table's size."""
-    log, added, latest = Path(path) / "_delta_log", [], committed_version(path)
-    for number in range(version + 1, latest + 1):
-        for line in (log / f"{number:020d}.json").read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action:
-                added.append(str(Path(path) / unquote(action["add"]["path"])))
-    return added
+    return [str(Path(path) / unquote(action["add"]["path"]))
+            for number in range(version + 1, committed_version(path) + 1)
+            for action in commit_actions(path, number) if "add" in action]
 
 
 def unit_rows(name: str, path: str, work_unit: str, after_version: int | None, columns: list[str]) -> pa.Table:

@@ -6,8 +6,8 @@ from pyspark.sql import functions as F
 
 from resources.spark import SparkResource
 from spark_ops.meter import metered
-from spark_ops.tables import (append_once, delta_path, delta_rows, ensure_table, latest_version, read_table, vacuum,
-                             write_output)
+from spark_ops.tables import (append_once, commit_actions, delta_path, delta_rows, ensure_table, latest_version,
+                             read_table, vacuum, write_output)
 
 LEDGER_COLUMNS = ["dc", "click_id", "work_unit"]
 
@@ -53,14 +53,13 @@ def test_a_created_table_carries_its_first_checksum_and_spark_appends_to_it_with
             append_once(ledger_rows(spark, ["a"], "u1"), "click_ledger", path, "u1", attempt=1)
             first_append_jobs[name] = jobs()["spark_jobs"]
     # The checksum is the first commit's protocol and metadata, and no files.
-    commit = {key: action[key] for line in (log / f"{0:020d}.json").read_text().splitlines()
-              for action in [json.loads(line)] for key in ("protocol", "metaData") if key in action}
+    commit = {key: action[key] for action in commit_actions(path, 0) for key in ("protocol", "metaData") if key in action}
     assert (checksum["protocol"], checksum["metadata"]) == (commit["protocol"], commit["metaData"])
     assert (checksum["numFiles"], checksum["tableSizeBytes"]) == (0, 0)
     # Without it, Spark rebuilt the table's state with jobs of its own before and after its commit.
     assert first_append_jobs["with"] < first_append_jobs["without"], first_append_jobs
     # Spark derived the next version's checksum from it: the one file it added.
-    [added] = [json.loads(line)["add"] for line in (log / f"{1:020d}.json").read_text().splitlines() if '"add"' in line]
+    [added] = [action["add"] for action in commit_actions(path, 1) if "add" in action]
     after = json.loads((log / f"{1:020d}.crc").read_text())
     assert (after["numFiles"], after["tableSizeBytes"]) == (1, added["size"])
     assert [r.click_id for r in read_table(spark, "click_ledger", path).collect()] == ["a"]
