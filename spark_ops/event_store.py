@@ -31,6 +31,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -54,6 +56,13 @@ def event_id_parts(column: str) -> list:
         F.nullif(F.regexp_extract(column, EVENT_ID, 2), F.lit("")).alias("process_id"),
         F.nullif(F.regexp_extract(column, EVENT_ID, 3), F.lit("")).cast("long").alias("query_ts"),
     ]
+
+
+def writers_of(event_ids: pa.Array) -> pa.Array:
+    """The writer (`<server_ip>:<process_id>`) of each event id, in Arrow; null if it is not of
+    EVENT_ID's form (event_id_parts' server_ip and process_id, joined)."""
+    pattern = r"^(?P<writer>.+:[^:]+):\d+$"
+    return pc.struct_field(pc.extract_regex(event_ids, pattern), "writer")
 
 
 def evict_from_cache(spark: SparkSession, path: str, dc: str, before_us: int) -> tuple[int, int | None]:

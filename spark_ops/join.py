@@ -52,7 +52,6 @@ from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
 from spark_ops.pending import STREAM_PROGRESS, PendingPolicy, record_pending
 from spark_ops.registry_calls import commit_ids, grant_clicks, lookup_clicks
-from spark_ops.schemas import with_run_values
 from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
 from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, LATEST_VALID, TimestampValidity
 
@@ -299,18 +298,12 @@ def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
     the memory tier holds it, and their `state` (see STATES). A miss is conclusive above the memory
     tier's horizon, read by each task after its lookups (a later eviction only raises it)."""
     spark, store, validity = unit.spark, unit.event_store, unit.validity
-    looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store.query_dir,
-                           store.max_line_bytes, unit.staging / "lookup")
     # This run's values (the clock, the stream's progress) as columns, not literals: the code Spark
     # generates for the job's stages stays the same from run to run (spark_ops/schemas.py).
     run_values = {**unit.pending.run_values(), **({} if validity is None else validity.run_values())}
-    looked = with_run_values(looked, **run_values)
-    ip, pid, query_ts = event_id_parts("query_id")
-    looked = (
-        looked.withColumn("query_writer", F.concat_ws(":", ip, pid))
-        .withColumn("query_ts", query_ts)
-        .join(F.broadcast(unit.pending.progress_frame(spark).select("query_writer", "writer_ts")), "query_writer", "left")
-    )
+    looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store.query_dir,
+                           store.max_line_bytes, unit.staging / "lookup", unit.pending.progress_table(), run_values)
+    looked = looked.withColumn("query_ts", event_id_parts("query_id")[2])
     status, line, horizon = F.col("registry_status"), F.col("line"), F.col("memory_horizon_ts")
     taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != unit.token))
     future = F.lit(False) if validity is None else validity.from_future(F.col("timestamp_us"))
@@ -328,8 +321,7 @@ def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
     # writer logs past it, or backfills, would miss again (spark_ops/pending.py, writer_ts_at_attempt).
     vouched_ts = F.when(state == NOT_HELD, F.col("query_fed_ts")).cast("long").alias("memory_vouched_ts")
     return looked.select("*", state.alias("state"), vouched_ts).drop(
-        "query_writer", "query_ts", "writer_ts", "registry_status", "registry_token", "memory_horizon_ts", "query_fed_ts",
-        LATEST_VALID)
+        "query_ts", "registry_status", "registry_token", "memory_horizon_ts", "query_fed_ts", LATEST_VALID)
 
 
 def _find(beyond: DataFrame, event_store: EventStore, stats: JoinStats) -> DataFrame:
@@ -358,7 +350,7 @@ def _judged(unit: ClickPass, looked: DataFrame, found: DataFrame | None) -> Data
                 .drop("found_line", "found_ts"))
     rows = unit.pending.judge(
         rows.select(*CLICK_FIELDS, "attempts", "last_attempt_unit", "state", "query_timestamp_us", "line",
-                    "memory_vouched_ts", STREAM_PROGRESS), unit.token)
+                    "memory_vouched_ts", "writer_ts", "writer_backfills", STREAM_PROGRESS), unit.token)
     state, has_query = F.col("state"), F.col("line").isNotNull()
     early = (F.lit(False) if unit.validity is None
              else unit.validity.before_query(F.col("timestamp_us"), F.col("query_timestamp_us")))
@@ -443,24 +435,23 @@ def _write(unit: ClickPass, outcomes: DataFrame, retried: DataFrame | None, stat
     Delta commit."""
     token, dc, tables = unit.token, unit.dc, unit.tables
     outcome, held = F.col("outcome"), F.col("status") == "held"
-    # The time as a run value, not current_timestamp(): Spark folds that into a literal of the code it
-    # generates, new at every run (spark_ops/schemas.py: with_run_values).
-    stamped = partial(with_run_values, written_at_us=int(time.time() * 1e6))
-    now = F.timestamp_micros(F.col("written_at_us"))
+    # The time the registry decided the click (spark_ops/registry_calls.py: commit_ids), not
+    # current_timestamp(): Spark folds that into a literal of the code it generates, new at every run.
+    now = F.timestamp_micros(F.col("decided_at_us"))
     writes = []
     if stats.joined:
         schema = TABLE_SCHEMAS["joined_clicks"][0]
         joined = outcomes.where((outcome == JOINED) & held)
         # The query's line parsed into the output's `query` here, unless the adapter already made it.
         if "query" not in joined.columns:
-            joined = with_query_struct(joined.select(*CLICK_FIELDS, "line"))
-        rows = stamped(joined).select(*[c for c in schema.fieldNames() if c in joined.columns],
+            joined = with_query_struct(joined.select(*CLICK_FIELDS, "line", "decided_at_us"))
+        rows = joined.select(*[c for c in schema.fieldNames() if c in joined.columns],
                              F.lit(dc).alias("joined_by_dc"), now.alias("joined_at"), F.lit(token).alias("work_unit"))
         writes.append(partial(write_output, rows, "joined_clicks", tables["joined_clicks"], "click_id", token, unit.attempt))
     if stats.unjoinable:
         too_old = (F.col("state") == TOO_OLD) | (F.col("status") == "too_old")
         rows = (
-            stamped(outcomes.where((outcome.isin(*UNJOINABLE_OUTCOMES) & held) | too_old))
+            outcomes.where((outcome.isin(*UNJOINABLE_OUTCOMES) & held) | too_old)
             .select(*CLICK_FIELDS, F.when(too_old, TOO_OLD_REASON).otherwise(F.col("reason")).alias("reason"),
                     F.lit(dc).alias("dc"), now.alias("recorded_at"), F.lit(token).alias("work_unit"))
         )
@@ -468,7 +459,10 @@ def _write(unit: ClickPass, outcomes: DataFrame, retried: DataFrame | None, stat
                               unit.attempt))
     records = None
     if stats.pending or retried is not None:
-        records = partial(record_pending, tables["pending_clicks"], dc, outcomes.where(outcome == PENDING), retried)
+        # Each retried click has its outcome: it was looked up with the unit's clicks.
+        resolved = None if retried is None else retried.join(
+            outcomes.where(~F.coalesce(outcome == PENDING, F.lit(False))).select("click_id", "decided_at_us"), "click_id")
+        records = partial(record_pending, tables["pending_clicks"], dc, outcomes.where(outcome == PENDING), resolved)
     if records is not None and retried is None:
         writes.append(records)
         records = None

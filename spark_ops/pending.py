@@ -35,7 +35,7 @@ from resources.event_store.progress import QueryProgress
 from resources.state.sidecars import Document
 from spark_ops.event_store import event_id_parts
 from spark_ops.handoff import unstage
-from spark_ops.schemas import arrow_schema, literal_frame, with_run_values
+from spark_ops.schemas import arrow_schema
 from spark_ops.tables import (TABLE_SCHEMAS, append, overwrite_where, read_table, rows_held, sql_literal,
                               table_committed, table_lock)
 
@@ -152,14 +152,14 @@ class PendingPolicy:
     backoff_seconds: float
     backoff_max_seconds: float
 
-    def progress_frame(self, spark: SparkSession) -> DataFrame:
-        return literal_frame(spark, self._progress_rows(), PROGRESS_SCHEMA)
-
-    def _progress_rows(self) -> list[tuple]:
-        return [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
+    def progress_table(self) -> pa.Table:
+        """The query stream's progress, a row per writer (PROGRESS_SCHEMA)."""
+        rows = [(name, w.max_ts, w.backfills) for name, w in self.progress.writers.items()]
+        return pa.Table.from_pylist([dict(zip(PROGRESS_SCHEMA.fieldNames(), row)) for row in rows],
+                                    schema=arrow_schema(PROGRESS_SCHEMA))
 
     def run_values(self) -> dict[str, int | None]:
-        """The values `judge` reads from the frame (spark_ops/schemas.py: with_run_values)."""
+        """The values `judge` reads from its frame, a column each (spark_ops/registry_calls.py: lookup_clicks)."""
         return {STREAM_PROGRESS: self.progress.max_ts}
 
     def _age_reached(self) -> Column:
@@ -176,9 +176,7 @@ class PendingPolicy:
             return None
         con = duckdb.connect()
         con.register("records", deltalake.DeltaTable(path).to_pyarrow_dataset().filter(ds.field("dc") == dc))
-        con.register("progress", pa.Table.from_pylist(
-            [dict(zip(PROGRESS_SCHEMA.fieldNames(), row)) for row in self._progress_rows()],
-            schema=arrow_schema(PROGRESS_SCHEMA)))
+        con.register("progress", self.progress_table())
         con.execute(f"CREATE TEMP VIEW current AS {CURRENT_SQL}")
         age = age_reached_sql(self.progress.max_ts, self.unjoinable_after_seconds)
         return con.sql(f"""
@@ -211,7 +209,9 @@ class PendingPolicy:
         `record_pending` sets), with `give_up` and the unjoinable `reason`. `not_found` carries the
         clicks' earlier `attempts` (0 if none), the unit of their last attempt (an earlier attempt
         of this very work unit counted the lookup), `memory_vouched_ts` (null unless the memory tier
-        vouched for the miss: the writer's time it was fed to) and `run_values()`."""
+        vouched for the miss: the writer's time it was fed to), its query's writer's progress
+        (`writer_ts`, `writer_backfills`: `progress_table()`'s row, added by the lookup,
+        spark_ops/registry_calls.py) and `run_values()`."""
         counted = F.coalesce(F.col("last_attempt_unit"), F.lit("")) != token
         attempts = F.col("attempts") + F.when(counted, 1).otherwise(0)
         parts = event_id_parts("query_id")
@@ -222,7 +222,7 @@ class PendingPolicy:
         )
         behind = F.coalesce(F.col(STREAM_PROGRESS), F.lit(0)) - F.col("timestamp_us")
         return (
-            with_writer.join(F.broadcast(self.progress_frame(not_found.sparkSession)), "query_writer", "left")
+            with_writer
             # The writer's time this lookup covered: its ingested progress, or the time the query tailer
             # had fed the memory tier to where that tier vouched for the miss (spark_ops/join.py).
             .withColumn("writer_ts_at_attempt", F.greatest("writer_ts", "memory_vouched_ts"))
@@ -236,7 +236,6 @@ class PendingPolicy:
                     F.col("attempts"), behind / 1e6,
                 ),
             )
-            .drop("writer_ts", "writer_backfills")
         )
 
     def digest(self, path: str, dc: str) -> PendingDigest:
@@ -271,21 +270,19 @@ class PendingPolicy:
 def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataFrame | None) -> None:
     """Records a lookup in `pending_clicks`, in one append: a record for each click still pending
     (`still_pending`: the judged clicks), and a resolved record for each retried click that is not
-    pending any more (`resolved`: retried clicks, the table's columns; joined, unjoinable, or
-    registered by another work unit). Appended again by a retried work unit, the records say the
+    pending any more (`resolved`: those retried clicks, the table's columns; joined, unjoinable, or
+    registered by another work unit). Both carry `decided_at_us`, when the registry answered for the
+    click in this lookup (spark_ops/registry_calls.py: commit_ids), which dates the records: later
+    than any record of an earlier lookup. Appended again by a retried work unit, the records say the
     same and are later: a click's latest record counts."""
     # The times are set below, once both kinds of record are in.
     rows = (still_pending.withColumn("dc", F.lit(dc)).withColumn("resolved", F.lit(False))
             .withColumn("last_attempt_at", F.lit(None).cast("timestamp")).withColumn("recorded_at", F.lit(None).cast("timestamp"))
-            .select(*COLUMNS))
+            .select(*COLUMNS, "decided_at_us"))
     if resolved is not None:
-        gone = resolved.join(still_pending.select("click_id"), "click_id", "left_anti")
-        rows = rows.unionByName(gone.withColumn("resolved", F.lit(True)).select(*COLUMNS))
-    # The time as a run value, not current_timestamp(): Spark folds that into a literal of the code it
-    # generates, new at every run (spark_ops/schemas.py: with_run_values). A resolved record keeps the
-    # time of the click's last attempt.
-    now = F.timestamp_micros(F.col("recorded_at_us"))
-    rows = with_run_values(rows, recorded_at_us=int(time.time() * 1e6))
+        rows = rows.unionByName(resolved.withColumn("resolved", F.lit(True)).select(*COLUMNS, "decided_at_us"))
+    # A resolved record keeps the time of the click's last attempt.
+    now = F.timestamp_micros(F.col("decided_at_us"))
     rows = rows.withColumn("recorded_at", now).withColumn(
         "last_attempt_at", F.when(F.col("resolved"), F.col("last_attempt_at")).otherwise(now))
     append(rows.select(*COLUMNS), "pending_clicks", path)

@@ -11,6 +11,7 @@ actions read it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,6 +23,7 @@ from pyspark.sql import types as T
 
 from resources.event_store.memory_tier import Holding, read_located
 from resources.registry.api import IdRegistry
+from spark_ops.event_store import writers_of
 from spark_ops.handoff import materialize, stage, unstage
 from spark_ops.schemas import arrow_schema
 
@@ -39,6 +41,10 @@ LOOKUP_FIELDS = [
     # Once a query tailer feeds the memory tier: the newest time of the query's writer it had put
     # before the lookup (-1: none of that writer yet); null while query runs feed it.
     T.StructField("query_fed_ts", T.LongType()),
+    # The ingested progress of the query's writer, as the run read it (spark_ops/pending.py:
+    # PROGRESS_SCHEMA); null for a writer not ingested yet.
+    T.StructField("writer_ts", T.LongType()),
+    T.StructField("writer_backfills", T.IntegerType()),
 ]
 
 
@@ -48,7 +54,7 @@ def fed_times(query_ids: pa.Array, tail: dict | None) -> pa.Array:
     when no tailer feeds the memory tier (tail None)."""
     if tail is None:
         return pa.nulls(len(query_ids), pa.int64())
-    writers = pc.struct_field(pc.extract_regex(query_ids, r"^(?P<writer>.*):[0-9]+$"), "writer")
+    writers = writers_of(query_ids)
     names = pa.array(list(tail["writers"]), pa.string())
     times = pa.array(list(tail["writers"].values()), pa.int64())
     return pc.fill_null(pc.take(times, pc.index_in(writers, value_set=names)), -1)
@@ -96,30 +102,44 @@ def _call(spark: SparkSession, registry: IdRegistry, df: DataFrame, call: Callab
 def commit_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, token: str, staging: Path,
                where: str | None = None) -> DataFrame:
     """`ids`: click_id, timestamp_us and any other columns, one row per click_id. Answer: those
-    columns and the status (held, refused, too_old) of each id; with `where` (a boolean column), only
-    the rows where it holds are committed, the others pass with status null. Not materialized with
-    the service (the caller materializes it with what it derives); with an embedded registry, read
-    from Parquet."""
-    schema = T.StructType([f for f in ids.schema.fields] + [T.StructField("status", T.StringType())])
+    columns, the status (held, refused, too_old) of each id, and `decided_at_us`, the time (epoch
+    microseconds) its task had the registry's answer; with `where` (a boolean column), only the rows
+    where it holds are committed, the others pass with status null. Not materialized with the service
+    (the caller materializes it with what it derives); with an embedded registry, read from Parquet.
+
+    The time is a column the task writes, not a value of the driver's: a value that changes at every
+    run, joined from a one-row frame (spark_ops/schemas.py: with_run_values), cost each write of the
+    outputs a broadcast job before its own (0.05-0.6 s in a live click run's event log)."""
+    schema = T.StructType([f for f in ids.schema.fields]
+                          + [T.StructField("status", T.StringType()), T.StructField("decided_at_us", T.LongType())])
 
     def commit(registry: IdRegistry, table: pa.Table) -> pa.Table:
         chosen = table if where is None else table.filter(pc.fill_null(table.column(where), False))
         if not chosen.num_rows:
-            return table.append_column("status", pa.nulls(table.num_rows, pa.string()))
-        answer = registry.commit(chosen.select(["click_id", "timestamp_us"]), token)
-        return with_columns_of(table, answer.select(["click_id", "status"]), "click_id")
+            answered = table.append_column("status", pa.nulls(table.num_rows, pa.string()))
+        else:
+            answer = registry.commit(chosen.select(["click_id", "timestamp_us"]), token)
+            answered = with_columns_of(table, answer.select(["click_id", "status"]), "click_id")
+        return answered.append_column("decided_at_us", pa.array([time.time_ns() // 1000] * table.num_rows, pa.int64()))
 
     return _call(spark, registry, ids, commit, schema, staging, materialized=False)
 
 
 def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, query_dir: Path,
-                  max_line_bytes: int, staging: Path) -> DataFrame:
+                  max_line_bytes: int, staging: Path, progress: pa.Table, run_values: dict[str, int | None]) -> DataFrame:
     """`clicks` (one row per click_id, with query_id and timestamp_us) with LOOKUP_FIELDS added, from
     one call per partition to the registry's ids (the dispatcher lookup) and to the memory tier of
     `dc`'s EventStore; the lines of the queries it holds located only are read from `dc`'s query logs
-    at `query_dir` by the same task. Not materialized with the service (the caller materializes it
-    once with what it derives); with an embedded registry, the answer is read from Parquet."""
-    schema = T.StructType(clicks.schema.fields + LOOKUP_FIELDS)
+    at `query_dir` by the same task. `progress`: the query stream's progress per writer (query_writer,
+    writer_ts, writer_backfills), which the task adds to each click by its query's writer; and a long
+    column per run value, the same in every row. Not materialized with the service (the caller
+    materializes it once with what it derives); with an embedded registry, the answer is read from
+    Parquet.
+
+    The progress and the run values are columns the task writes: joined from one-row frames (spark_ops/
+    schemas.py: with_run_values), they cost the lookup's job three broadcast jobs."""
+    values = T.StructType([T.StructField(name, T.LongType()) for name in run_values])
+    schema = T.StructType(clicks.schema.fields + LOOKUP_FIELDS + values.fields)
 
     def lookup(registry: IdRegistry, table: pa.Table) -> pa.Table:
         registered = registry.lookup(table.select(["click_id", "timestamp_us"])).select(["click_id", "token", "status"])
@@ -133,7 +153,13 @@ def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, 
         horizon = registry.queries_horizon(dc)
         looked = with_columns_of(with_columns_of(table, registered, "click_id"), lines, "query_id")
         looked = looked.append_column("memory_horizon_ts", pa.array([horizon] * looked.num_rows, pa.int64()))
-        return looked.append_column("query_fed_ts", fed_times(looked.column("query_id").combine_chunks(), tail))
+        query_ids = looked.column("query_id").combine_chunks()
+        looked = looked.append_column("query_fed_ts", fed_times(query_ids, tail))
+        looked = with_columns_of(looked.append_column("query_writer", writers_of(query_ids)), progress, "query_writer")
+        looked = looked.drop_columns(["query_writer"])
+        for name, value in run_values.items():
+            looked = looked.append_column(name, pa.array([value] * looked.num_rows, pa.int64()))
+        return looked
 
     return _call(spark, registry, clicks, lookup, schema, staging, materialized=False)
 

@@ -114,6 +114,8 @@ def with_run_values(df: DataFrame, **values: int | None) -> DataFrame:
     code by its text: a value that changes at every run (a clock, the stream's progress) made each run
     compile its stages anew (~0.1 s for the join's judging stage, twice: where it is planned and where
     it runs) and run them in the JVM's interpreter until the JIT compiled them again. A column read
-    from a joined row leaves the code the same from run to run."""
+    from a joined row leaves the code the same from run to run. The broadcast is a Spark job of its
+    own: where an Arrow task already touches every row, it writes the values instead (the click run's
+    lookup and registry commit, spark_ops/registry_calls.py)."""
     schema = T.StructType([T.StructField(name, T.LongType()) for name in values])
     return df.crossJoin(F.broadcast(literal_frame(df.sparkSession, [tuple(values.values())], schema)))

@@ -39,7 +39,7 @@ class TimestampValidity:
         return self.clock_us + self.future_tolerance_us
 
     def run_values(self) -> dict[str, int]:
-        """The values `from_future` reads from the frame (spark_ops/schemas.py: with_run_values)."""
+        """The values `from_future` reads from its frame, a column each (spark_ops/registry_calls.py: lookup_clicks)."""
         return {LATEST_VALID: self.latest_valid_us}
 
     def from_future(self, timestamp: Column) -> Column:

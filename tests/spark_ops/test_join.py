@@ -317,3 +317,30 @@ def test_pending_records_go_beside_the_outputs_unless_the_unit_retries_pending_c
     assert joined_ids(world) == sorted(JOINABLE) and (again.joined, again.pending) == (7, 2)
     latest = policy(world).digest(tables["pending_clicks"], "dc1")
     assert latest.pending == 2
+
+
+def test_a_click_run_dates_what_it_writes_by_its_registry_commit_and_broadcasts_no_run_value(world):
+    """The run's values (the stream's progress, the clock) and its writer progress come with the
+    lookup's rows, and its write time with the registry commit's answer (spark_ops/registry_calls.py):
+    joined from one-row broadcast frames, they cost this run 15 Spark jobs instead of 10 (a broadcast
+    is a job of its own, before the job that reads it)."""
+    from resources.spark import SparkResource
+
+    spark, tables = world["spark"], world["tables"]
+    started = time.time()
+    with SparkResource.local(shuffle_partitions=2).jobs_counted("dated-run") as jobs:
+        stats = run(world)
+    ended = time.time()
+    assert (stats.joined, stats.pending) == (7, 2)
+    assert jobs()["spark_jobs"] <= 10
+
+    def within_the_run(times) -> bool:
+        return all(started <= t.timestamp() <= ended for t in times)
+
+    joined = read_table(spark, "joined_clicks", tables["joined_clicks"]).collect()
+    assert len(joined) == 7 and within_the_run(r.joined_at for r in joined)
+    records = read_table(spark, "pending_clicks", tables["pending_clicks"]).collect()
+    assert len(records) == 2 and within_the_run(r.recorded_at for r in records)
+    assert all(r.last_attempt_at == r.recorded_at for r in records)
+    # The writer's progress the lookup carried: c7 and c8's writer (10.1.0.1:8) was never ingested.
+    assert {(r.query_writer, r.writer_ts_at_attempt, r.writer_backfills_at_attempt) for r in records} == {("10.1.0.1:8", None, 0)}
