@@ -51,7 +51,7 @@ from spark_ops.event_store import EventStore, EventStoreStats, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
 from spark_ops.pending import STREAM_PROGRESS, PendingPolicy, record_pending
-from spark_ops.registry_calls import commit_ids, grant_clicks, lookup_clicks
+from spark_ops.registry_calls import RunColumns, commit_ids, grant_clicks, lookup_clicks
 from spark_ops.tables import CLICK_EVENT, TABLE_SCHEMAS, write_output
 from spark_ops.validity import BEFORE_QUERY_REASON, FUTURE_REASON, LATEST_VALID, TimestampValidity
 
@@ -302,7 +302,7 @@ def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
     # generates for the job's stages stays the same from run to run (spark_ops/schemas.py).
     run_values = {**unit.pending.run_values(), **({} if validity is None else validity.run_values())}
     looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store.query_dir,
-                           store.max_line_bytes, unit.staging / "lookup", unit.pending.progress_table(), run_values)
+                           store.max_line_bytes, unit.staging / "lookup", RunColumns(unit.pending.progress_table(), run_values))
     looked = looked.withColumn("query_ts", event_id_parts("query_id")[2])
     status, line, horizon = F.col("registry_status"), F.col("line"), F.col("memory_horizon_ts")
     taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != unit.token))

@@ -125,20 +125,27 @@ def commit_ids(spark: SparkSession, registry: IdRegistry, ids: DataFrame, token:
     return _call(spark, registry, ids, commit, schema, staging, materialized=False)
 
 
-def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, query_dir: Path,
-                  max_line_bytes: int, staging: Path, progress: pa.Table, run_values: dict[str, int | None]) -> DataFrame:
-    """`clicks` (one row per click_id, with query_id and timestamp_us) with LOOKUP_FIELDS added, from
-    one call per partition to the registry's ids (the dispatcher lookup) and to the memory tier of
-    `dc`'s EventStore; the lines of the queries it holds located only are read from `dc`'s query logs
-    at `query_dir` by the same task. `progress`: the query stream's progress per writer (query_writer,
-    writer_ts, writer_backfills), which the task adds to each click by its query's writer; and a long
-    column per run value, the same in every row. Not materialized with the service (the caller
-    materializes it once with what it derives); with an embedded registry, the answer is read from
-    Parquet.
+@dataclass(frozen=True)
+class RunColumns:
+    """What a click run adds to each click it looks up, in the lookup's own task: `progress`, the query
+    stream's progress per writer (query_writer, writer_ts, writer_backfills), matched by the click's
+    query writer; and `values`, the run's values, a long column each, the same in every row. Joined
+    from one-row frames instead (spark_ops/schemas.py: with_run_values), they cost the lookup three
+    broadcast jobs."""
 
-    The progress and the run values are columns the task writes: joined from one-row frames (spark_ops/
-    schemas.py: with_run_values), they cost the lookup's job three broadcast jobs."""
-    values = T.StructType([T.StructField(name, T.LongType()) for name in run_values])
+    progress: pa.Table
+    values: dict[str, int | None]
+
+
+def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, query_dir: Path,
+                  max_line_bytes: int, staging: Path, run: RunColumns) -> DataFrame:
+    """`clicks` (one row per click_id, with query_id and timestamp_us) with LOOKUP_FIELDS and `run`'s
+    columns added, from one call per partition to the registry's ids (the dispatcher lookup) and to
+    the memory tier of `dc`'s EventStore; the lines of the queries it holds located only are read from
+    `dc`'s query logs at `query_dir` by the same task. Not materialized with the service (the caller
+    materializes it once with what it derives); with an embedded registry, the answer is read from
+    Parquet."""
+    values = T.StructType([T.StructField(name, T.LongType()) for name in run.values])
     schema = T.StructType(clicks.schema.fields + LOOKUP_FIELDS + values.fields)
 
     def lookup(registry: IdRegistry, table: pa.Table) -> pa.Table:
@@ -155,9 +162,9 @@ def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, 
         looked = looked.append_column("memory_horizon_ts", pa.array([horizon] * looked.num_rows, pa.int64()))
         query_ids = looked.column("query_id").combine_chunks()
         looked = looked.append_column("query_fed_ts", fed_times(query_ids, tail))
-        looked = with_columns_of(looked.append_column("query_writer", writers_of(query_ids)), progress, "query_writer")
+        looked = with_columns_of(looked.append_column("query_writer", writers_of(query_ids)), run.progress, "query_writer")
         looked = looked.drop_columns(["query_writer"])
-        for name, value in run_values.items():
+        for name, value in run.values.items():
             looked = looked.append_column(name, pa.array([value] * looked.num_rows, pa.int64()))
         return looked
 
