@@ -350,7 +350,7 @@ def _judged(unit: ClickPass, looked: DataFrame, found: DataFrame | None) -> Data
                 .drop("found_line", "found_ts"))
     rows = unit.pending.judge(
         rows.select(*CLICK_FIELDS, "attempts", "last_attempt_unit", "state", "query_timestamp_us", "line",
-                    "memory_vouched_ts", "writer_ts", "writer_backfills", STREAM_PROGRESS), unit.token)
+                    "memory_vouched_ts", "query_writer", "writer_ts", "writer_backfills", STREAM_PROGRESS), unit.token)
     state, has_query = F.col("state"), F.col("line").isNotNull()
     early = (F.lit(False) if unit.validity is None
              else unit.validity.before_query(F.col("timestamp_us"), F.col("query_timestamp_us")))

@@ -209,17 +209,13 @@ class PendingPolicy:
         `record_pending` sets), with `give_up` and the unjoinable `reason`. `not_found` carries the
         clicks' earlier `attempts` (0 if none), the unit of their last attempt (an earlier attempt
         of this very work unit counted the lookup), `memory_vouched_ts` (null unless the memory tier
-        vouched for the miss: the writer's time it was fed to), its query's writer's progress
-        (`writer_ts`, `writer_backfills`: `progress_table()`'s row, added by the lookup,
-        spark_ops/registry_calls.py) and `run_values()`."""
+        vouched for the miss: the writer's time it was fed to), its query's writer and that writer's
+        progress (`query_writer`, `writer_ts`, `writer_backfills`: `progress_table()`'s row, added by
+        the lookup, spark_ops/registry_calls.py) and `run_values()`."""
         counted = F.coalesce(F.col("last_attempt_unit"), F.lit("")) != token
         attempts = F.col("attempts") + F.when(counted, 1).otherwise(0)
-        parts = event_id_parts("query_id")
         with_writer = not_found.withColumn("attempts", attempts.cast("int")).drop("last_attempt_unit").select(
-            "*",
-            F.when(parts[0].isNotNull() & parts[1].isNotNull(), F.concat_ws(":", parts[0], parts[1])).alias("query_writer"),
-            parts[2],
-        )
+            "*", event_id_parts("query_id")[2])
         behind = F.coalesce(F.col(STREAM_PROGRESS), F.lit(0)) - F.col("timestamp_us")
         return (
             with_writer

@@ -41,8 +41,10 @@ LOOKUP_FIELDS = [
     # Once a query tailer feeds the memory tier: the newest time of the query's writer it had put
     # before the lookup (-1: none of that writer yet); null while query runs feed it.
     T.StructField("query_fed_ts", T.LongType()),
-    # The ingested progress of the query's writer, as the run read it (spark_ops/pending.py:
-    # PROGRESS_SCHEMA); null for a writer not ingested yet.
+    # The query's writer (`<server_ip>:<process_id>`; null if the id is not of that form) and its
+    # ingested progress, as the run read it (spark_ops/pending.py: PROGRESS_SCHEMA); null for a writer
+    # not ingested yet.
+    T.StructField("query_writer", T.StringType()),
     T.StructField("writer_ts", T.LongType()),
     T.StructField("writer_backfills", T.IntegerType()),
 ]
@@ -163,7 +165,6 @@ def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, 
         query_ids = looked.column("query_id").combine_chunks()
         looked = looked.append_column("query_fed_ts", fed_times(query_ids, tail))
         looked = with_columns_of(looked.append_column("query_writer", writers_of(query_ids)), run.progress, "query_writer")
-        looked = looked.drop_columns(["query_writer"])
         for name, value in run.values.items():
             looked = looked.append_column(name, pa.array([value] * looked.num_rows, pa.int64()))
         return looked
