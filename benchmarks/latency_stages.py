@@ -14,7 +14,9 @@ end latency beside it, so a missed target names its stage.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -126,33 +128,115 @@ def latency_stages(data_dir: Path, sampler: LogSampler, dc: str = "dc1") -> dict
             for name, values in stages.items()}
 
 
+def _instance(dagster_home: Path):
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+
+
+def click_runs(instance) -> list[dict]:
+    """Each successful click run (one that materialized `joined_clicks`): its start and end (s) and the
+    clicks it looked up."""
+    import dagster as dg
+
+    records = {r.dagster_run.run_id: r for r in instance.get_run_records(
+        dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))}
+    runs = []
+    for event in instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=10_000).records:
+        looked_up = event.asset_materialization.metadata.get("clicks_looked_up")
+        record = records.get(event.run_id)
+        if looked_up is None or record is None or not record.start_time or not record.end_time:
+            continue
+        runs.append({"run_id": event.run_id, "start": record.start_time, "end": record.end_time,
+                     "clicks": looked_up.value})
+    return runs
+
+
+def _fit(runs: list[dict]) -> tuple[float, float]:
+    """(seconds per click, fixed seconds): the least-squares line of the runs' seconds by clicks."""
+    per_click, fixed = np.polyfit(np.array([r["clicks"] for r in runs], dtype=float),
+                                  np.array([r["end"] - r["start"] for r in runs]), 1)
+    return float(per_click), float(fixed)
+
+
 def click_run_cost(dagster_home: Path) -> dict:
     """What a click run costs, from the instance: per successful click run, the clicks it looked up
     and its seconds from start to end, and the least-squares line through them, `seconds = fixed +
     per_click * clicks`. The line is the floor of the live latency: at a click rate r a pass's cycle
     settles at D = fixed / (1 - per_click * r), and a click waits about one run for its unit to be
     cut, then its own run, so the cut and commit stages cannot sum to less than ~2 D."""
-    import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
-
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
-    records = {r.dagster_run.run_id: r for r in instance.get_run_records(
-        dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))}
-    clicks, seconds = [], []
-    for event in instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=10_000).records:
-        looked_up = event.asset_materialization.metadata.get("clicks_looked_up")
-        record = records.get(event.run_id)
-        if looked_up is None or record is None or not record.start_time or not record.end_time:
-            continue
-        clicks.append(looked_up.value)
-        seconds.append(record.end_time - record.start_time)
-    if len(clicks) < 3:
-        return {"click_runs": len(clicks)}
-    per_click, fixed = np.polyfit(np.array(clicks, dtype=float), np.array(seconds), 1)
+    runs = click_runs(_instance(dagster_home))
+    if len(runs) < 3:
+        return {"click_runs": len(runs)}
+    clicks = [r["clicks"] for r in runs]
+    seconds = [r["end"] - r["start"] for r in runs]
+    per_click, fixed = _fit(runs)
     return {
-        "click_runs": len(clicks),
+        "click_runs": len(runs),
         "clicks_per_run": {"p50": int(np.percentile(clicks, 50)), "max": int(max(clicks))},
         "run_seconds": {"p50": round(float(np.percentile(seconds, 50)), 2), "p90": round(float(np.percentile(seconds, 90)), 2)},
         "fit_fixed_seconds": round(float(fixed), 2),
         "fit_seconds_per_1000_clicks": round(float(per_click) * 1000, 3),
     }
+
+
+# The runs beside a click run that may hold it back (issue 42, item 5), by job: the work kept off the
+# click path, and the query runs that build the durable tier.
+BESIDE_JOBS = {"maintain_tables": "maintenance", "refresh_aggregates": "aggregates", "check_tables": "checks",
+               "ingest_queries": "query"}
+
+
+def upkeep_hold(dagster_home: Path) -> dict:
+    """How much the runs beside a click run hold it back (issue 42, item 5: table maintenance and the
+    aggregates refresh by at most a second), from the instance: see `holds`. A click run waits for no
+    such run to start under either mode (a slot of its own under the daemon, a thread of its own in
+    `photon run`), so the hold is what sharing the cores and the Spark session costs it."""
+    instance = _instance(dagster_home)
+    beside = [(BESIDE_JOBS[r.dagster_run.job_name], r.start_time, r.end_time) for r in instance.get_run_records()
+              if r.dagster_run.job_name in BESIDE_JOBS and r.start_time and r.end_time]
+    return holds(click_runs(instance), beside)
+
+
+def holds(runs: list[dict], beside: list[tuple[str, float, float]]) -> dict:
+    """The click runs (`click_runs`) that overlapped none of the `beside` runs ((kind, start, end))
+    give the line of a click run's seconds by its clicks (as `click_run_cost`); a click run that
+    overlapped a run of a kind counts for that kind, its hold being its seconds above that line. Per
+    kind, and for the click runs alone (the line's own spread): the click runs, and their hold's p50,
+    p90 and max."""
+    by_kind: dict[str, list[dict]] = {"alone": []}
+    for run in runs:
+        kinds = {kind for kind, start, end in beside if start < run["end"] and end > run["start"]}
+        for kind in kinds or {"alone"}:
+            by_kind.setdefault(kind, []).append(run)
+    if len(by_kind["alone"]) < 3:
+        return {"click_runs": len(runs), "alone": {"click_runs": len(by_kind["alone"])}}
+    per_click, fixed = _fit(by_kind["alone"])
+    out = {}
+    for kind, kind_runs in sorted(by_kind.items()):
+        held = [r["end"] - r["start"] - (fixed + per_click * r["clicks"]) for r in kind_runs]
+        out[kind] = {"click_runs": len(kind_runs), "hold_p50_seconds": round(float(np.percentile(held, 50)), 2),
+                     "hold_p90_seconds": round(float(np.percentile(held, 90)), 2),
+                     "hold_max_seconds": round(float(max(held)), 2)}
+    return out
+
+def main() -> None:
+    """`upkeep_hold` of each Photon system of a live result whose data was kept (`run.py live
+    --keep-data`; results before it had the key), written as a result of its own beside it."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("live_result", type=Path, help="a live benchmark's result file (run with --keep-data)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.result_file import ResultFile
+
+    live = json.loads(args.live_result.read_text())
+    holds = {system: upkeep_hold(Path(result["data_dir"]) / "live" / "dagster")
+             for system, result in live["systems"].items() if "data_dir" in result and "click_run_cost" in result}
+    path = ResultFile("upkeep-hold", f"upkeep-hold-of-{live['commit']}", args.live_result.parent).write(
+        {"live_result": args.live_result.name, "measured_commit": live["commit"], "upkeep_hold": holds})
+    print(json.dumps(holds, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import date
 from pathlib import Path
 
@@ -27,15 +28,32 @@ def commit() -> str:
     return head + ("-dirty" if dirty else "")
 
 
+def cpu_calibration_seconds() -> float:
+    """The best of five timings of a fixed loop of Python: how fast a core of this machine runs, so
+    that results of two machines of the same size compare. Machines handed out as the same two cores
+    differ: the demo's run took 38.8 s on one and 17.4 s on the next, at the same code (2026-11-29).
+    The best, since anything else running only slows a timing down."""
+    timings = []
+    for _ in range(5):
+        started = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i * i % 7
+        timings.append(time.perf_counter() - started)
+    return round(min(timings), 4)
+
+
 def machine() -> dict:
-    """The machine, and whether Photon's JVMs start from the class archive setup made here
-    (resources/class_archive.py; PHOTON_JVM_OPTIONS's `-Xshare:off` turns it off for a run)."""
+    """The machine (its speed: `cpu_calibration_seconds`), and whether Photon's JVMs start from the
+    class archive setup made here (resources/class_archive.py; PHOTON_JVM_OPTIONS's `-Xshare:off`
+    turns it off for a run)."""
     from resources.class_archive import archive_in_use
     from resources.spark import JVM_OPTIONS_ENV
 
     archive = archive_in_use(os.environ.get(JVM_OPTIONS_ENV, ""))
     return {"cpus": os.cpu_count(), "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            "python": sys.version.split()[0], "jvm_class_archive": archive.name if archive else None}
+            "python": sys.version.split()[0], "jvm_class_archive": archive.name if archive else None,
+            "cpu_calibration_seconds": cpu_calibration_seconds()}
 
 
 def photon_environment() -> dict:

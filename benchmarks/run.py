@@ -62,7 +62,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the project's packages and benchmarks.peers
-from benchmarks.latency_stages import LogSampler, click_run_cost, latency_stages  # noqa: E402
+from benchmarks.latency_stages import LogSampler, click_run_cost, latency_stages, upkeep_hold  # noqa: E402
 from benchmarks.result_file import RESULTS, ResultFile  # noqa: E402
 from benchmarks.peers import DEFAULT_BOUND, flink_environment_missing  # noqa: E402 (DEFAULT_BOUND: the streaming peers' 300 s)
 PYTHON = sys.executable
@@ -687,6 +687,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
     if photon:
         result["latency_stages_seconds"] = latency_stages(data_dir, sampler)
         result["click_run_cost"] = click_run_cost(data_dir / "dagster")
+        result["upkeep_hold"] = upkeep_hold(data_dir / "dagster")
         result["backlog_bytes"] = [{"t": round(s["t"] - started, 1), "query": s["query"], "click": s["click"]}
                                    for s in backlog_samples]
     if args.keep_data:

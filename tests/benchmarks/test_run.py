@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import peers
+from benchmarks import latency_stages, peers
 from benchmarks import run as run_script
 from benchmarks.run import latency_histogram, percentiles
 
@@ -45,6 +45,8 @@ def test_backlog_compares_photon_with_duckdb_on_the_same_logs(tmp_path, over_spa
     assert all(photon["verification"].values())
     assert photon["bytes_written"]["registry"] > 0 and photon["write_amplification"] > 0
     assert set(result["targets"]) >= {"wall_over_duckdb_process", "within_10x_of_duckdb"}
+    # How fast this machine's cores are, so that results of two machines compare.
+    assert 0 < result["machine"]["cpu_calibration_seconds"] < 10
 
 
 def test_live_measures_the_latency_of_every_joined_click(tmp_path, over_spark_connect):
@@ -69,6 +71,8 @@ def test_live_measures_the_latency_of_every_joined_click(tmp_path, over_spark_co
         name: photon["joined_visible"] for name in ("in_log", "cut", "run_start", "commit", "total")}
     assert all(stages[name]["p50"] >= 0 for name in ("in_log", "cut", "run_start", "commit"))
     assert abs(stages["total"]["p50"] - photon["latency_seconds"]["p50"]) < 1.0
+    # Item 5's measure is there (too few click runs alone for a line give only their count).
+    assert "click_runs" in photon["upkeep_hold"]["alone"]
     # Photon ran at least as long as the generator wrote: it did not go idle between appends.
     assert photon["wall_seconds"] >= 20
     assert streaming["peer"]["correctness"]["joined_equals_truth"]
@@ -96,3 +100,18 @@ def test_flink_missing_its_environment_is_refused_before_any_system_runs(tmp_pat
     assert exit_.value.code == 2
     assert "Flink's virtual environment is missing" in capsys.readouterr().err
     assert not (tmp_path / "work").exists() and not (tmp_path / "results").exists()
+
+
+def test_a_click_run_beside_upkeep_is_held_by_its_seconds_above_the_line_of_those_alone():
+    """Item 5's measure (benchmarks/latency_stages.py: holds): click runs alone cost 1 s + 0.1 ms a
+    click; one overlapping a maintenance run took 2 s more than that, one overlapping an aggregates
+    refresh 0.5 s more; a run before or after them counts as alone."""
+    alone = [{"start": 100.0 * i, "end": 100.0 * i + 1 + 0.0001 * c, "clicks": c} for i, c in enumerate([1000, 3000, 5000, 7000])]
+    maintained = {"start": 1000.0, "end": 1000.0 + 1.5 + 2, "clicks": 5000}
+    refreshed = {"start": 2000.0, "end": 2000.0 + 1.2 + 0.5, "clicks": 2000}
+    beside = [("maintenance", 999.0, 1001.0), ("aggregates", 2001.0, 2010.0), ("maintenance", 3000.0, 3001.0)]
+    found = latency_stages.holds([*alone, maintained, refreshed], beside)
+    assert found["alone"]["click_runs"] == 4 and abs(found["alone"]["hold_max_seconds"]) < 0.01
+    assert found["maintenance"] == {"click_runs": 1, "hold_p50_seconds": 2.0, "hold_p90_seconds": 2.0, "hold_max_seconds": 2.0}
+    assert found["aggregates"]["hold_p50_seconds"] == 0.5
+    assert latency_stages.holds(alone[:2], beside) == {"click_runs": 2, "alone": {"click_runs": 2}}
