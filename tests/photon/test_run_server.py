@@ -4,6 +4,7 @@ for; and the Spark Connect session a run child releases when its run ends. A run
 server is tests/e2e/test_up.py's (its runs, killed and retried)."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -110,3 +111,17 @@ def test_a_run_child_whose_spark_connect_server_is_gone_exits_within_the_release
                            capture_output=True, text=True, timeout=60, check=False)
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert float(probe.stdout.split()[-1]) < 5 + 2, probe.stdout
+
+
+def test_a_run_child_whose_spark_connect_server_hangs_exits_at_the_release_bound():
+    """A server that takes connections and never answers (stopped, or its machine unreachable): the
+    release's one attempt would wait for good, so the run child waits for it only its bound, then
+    exits with a warning, the session left to the server's idle timeout."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel accepts; nobody reads
+        probe = subprocess.run([sys.executable, "-c", GONE_PROBE, f"sc://127.0.0.1:{silent.getsockname()[1]}", "3"],
+                               capture_output=True, text=True, timeout=60, check=False)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert 3 <= float(probe.stdout.split()[-1]) < 3 + 2, probe.stdout
+    assert "was not released within 3 s" in probe.stderr, probe.stderr[-2000:]
