@@ -12,6 +12,7 @@ Maven Central by scripts/setup.sh into `.cache/jars` and loaded from there, neve
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -109,8 +110,9 @@ MAINTENANCE_CONF = {
 }
 
 
-def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -> dict[str, str]:
-    """The settings of the JVM that runs the pipeline: a local session's or the Connect server's."""
+def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR, collector: str = "") -> dict[str, str]:
+    """The settings of the JVM that runs the pipeline: a local session's or the Connect server's
+    (`collector`: its garbage collector unless PHOTON_JVM_OPTIONS names one; see jvm_options)."""
     return {
         "spark.jars": ",".join(delta_jars(jars_dir)),
         **LOG_STORE_CONF,
@@ -141,15 +143,21 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -
         # Spark jar and pyspark's zips on their path, which each task's import cache reset re-read
         # (~0.1 s a task).
         "spark.python.daemon.module": "spark_ops.worker_daemon",
-        **jvm_options(),
+        **jvm_options(collector),
     }
 
 
-def jvm_options() -> dict[str, str]:
+# A JVM option choosing the garbage collector (-XX:+UseSerialGC, -XX:+UseG1GC, ...).
+COLLECTOR_OPTION = re.compile(r"-XX:\+Use\w+GC\b")
+
+
+def jvm_options(collector: str = "") -> dict[str, str]:
     """PHOTON_JVM_OPTIONS and the class archive (resources/class_archive.py) for the driver, and for
-    executors where they are JVMs of their own (a standalone cluster's)."""
+    executors where they are JVMs of their own (a standalone cluster's); `collector` (an option such as
+    `-XX:+UseSerialGC`) first, unless PHOTON_JVM_OPTIONS names a collector of its own."""
     user_options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
-    options = " ".join([user_options, *archive_options(user_options)]).strip()
+    chosen = [] if not collector or COLLECTOR_OPTION.search(user_options) else [collector]
+    options = " ".join(o for o in [*chosen, user_options, *archive_options(user_options)] if o)
     return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options} if options else {}
 
 

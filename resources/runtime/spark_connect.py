@@ -26,10 +26,19 @@ DRIVER = Path(__file__).with_name("connect_driver.py")
 SERVER_MARKER = "photon-connect"
 
 
+# The Connect server's garbage collector, unless PHOTON_JVM_OPTIONS names one: the serial collector.
+# Java's default, G1, grew a live `photon up`'s server to its whole 2 GiB heap (2.18 GiB of PSS at the
+# peak of 15 minutes at 1,000 clicks/s) while ~300 MB of it was live after a collection; the serial
+# collector sizes the heap to what it holds (~420 MB, ~1 GiB of PSS in all: benchmarks/README.md, issue
+# 42 round twenty-three). On two cores it also spares G1's concurrent threads; its pauses stop the
+# server, which on two cores G1's work would slow anyway.
+SERVER_COLLECTOR = "-XX:+UseSerialGC"
+
+
 def server_command(port: int, master: str = "local[2]", driver_memory: str = DRIVER_MEMORY, shuffle_partitions: int = 4,
                    host: str = "127.0.0.1") -> list[str]:
     conf = {
-        **delta_conf(shuffle_partitions),
+        **delta_conf(shuffle_partitions, collector=SERVER_COLLECTOR),
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(port),
         "spark.driver.host": host,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from resources import class_archive
 from resources.class_archive import archive_options, archive_path
-from resources.runtime.spark_connect import server_command
+from resources.runtime.spark_connect import SERVER_COLLECTOR, server_command
 from resources.spark import JVM_OPTIONS_ENV, local_conf
 
 
@@ -19,7 +19,7 @@ def test_the_archive_reaches_both_modes_only_when_it_exists_and_sharing_is_not_d
     option = " ".join(archive_options(""))
     assert f"-XX:SharedArchiveFile={tmp_path / archive_path().name}" in option
     assert local_conf()["spark.driver.extraJavaOptions"] == option
-    assert f"spark.driver.extraJavaOptions={option}" in server_command(15002)
+    assert f"spark.driver.extraJavaOptions={SERVER_COLLECTOR} {option}" in server_command(15002)
 
     monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:+UseSerialGC")
     assert local_conf()["spark.driver.extraJavaOptions"] == f"-XX:+UseSerialGC {option}"
