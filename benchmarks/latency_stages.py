@@ -232,7 +232,7 @@ def main() -> None:
     live = json.loads(args.live_result.read_text())
     holds = {system: upkeep_hold(Path(result["data_dir"]) / "live" / "dagster")
              for system, result in live["systems"].items() if "data_dir" in result and "click_run_cost" in result}
-    path = ResultFile("upkeep-hold", f"upkeep-hold-of-{live['commit']}", args.live_result.parent).write(
+    path = ResultFile("upkeep-hold", f"upkeep-hold-of-{args.live_result.stem}", args.live_result.parent).write(
         {"live_result": args.live_result.name, "measured_commit": live["commit"], "upkeep_hold": holds})
     print(json.dumps(holds, indent=2))
     print(f"wrote {path}")
