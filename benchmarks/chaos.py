@@ -76,6 +76,14 @@ class Scenario:
         return f"python benchmarks/chaos.py --replay {self.seed} --mode {self.mode}"
 
 
+# Faults land within this many seconds of a scenario's start. `photon up` stays up until the scenario
+# drives it to idle, after its faults; `photon run --until-idle` exits once idle, so it keeps tailing
+# for the horizon (`--min-seconds`): on 2026-11-30's machine, twice as fast as the earlier ones, a
+# 150-query scenario was idle before its `kill_photon_run` at 21.7 s, and nothing was injected.
+RUN_HORIZON_SECONDS = 25.0
+UP_HORIZON_SECONDS = 45.0
+
+
 def scenario(seed: int, mode: str) -> Scenario:
     """The scenario of `seed` in `mode`: its workload, settings and faults, all drawn from the seed."""
     rng = random.Random(seed)
@@ -96,7 +104,7 @@ def scenario(seed: int, mode: str) -> Scenario:
                 "query_work_unit_bytes": rng.choice([60_000, 300_000]),
                 "click_catch_up_work_unit_bytes": 0, "query_catch_up_work_unit_bytes": 0, "takeover_grace_seconds": 20}
     kinds = RUN_FAULTS if mode == "run" else UP_FAULTS
-    horizon = 25.0 if mode == "run" else 45.0
+    horizon = RUN_HORIZON_SECONDS if mode == "run" else UP_HORIZON_SECONDS
     faults = sorted((round(rng.uniform(2.0, horizon), 1), rng.choice(kinds)) for _ in range(rng.randint(1, 3)))
     return Scenario(seed, mode, gen, settings, faults)
 
@@ -165,7 +173,8 @@ class Deployment:
 
     def command(self) -> list[str]:
         if self.mode == "run":
-            return [PYTHON, "-m", "photon.cli", "run", "--data-dir", str(self.data_dir), "--until-idle", "--json"]
+            return [PYTHON, "-m", "photon.cli", "run", "--data-dir", str(self.data_dir), "--until-idle",
+                    "--min-seconds", str(RUN_HORIZON_SECONDS), "--json"]
         from resources.runtime.spark_connect import free_port
 
         return [PYTHON, "-m", "photon.cli", "up", "--data-dir", str(self.data_dir), "--port", str(free_port())]
