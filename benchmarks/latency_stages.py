@@ -220,6 +220,7 @@ def holds(runs: list[dict], beside: list[tuple[str, float, float]]) -> dict:
                      "hold_max_seconds": round(float(max(held)), 2)}
     return out
 
+
 def main() -> None:
     """`upkeep_hold` of each Photon system of a live result whose data was kept (`run.py live
     --keep-data`; results before it had the key), written as a result of its own beside it."""
@@ -230,11 +231,11 @@ def main() -> None:
     from benchmarks.result_file import ResultFile
 
     live = json.loads(args.live_result.read_text())
-    holds = {system: upkeep_hold(Path(result["data_dir"]) / "live" / "dagster")
-             for system, result in live["systems"].items() if "data_dir" in result and "click_run_cost" in result}
+    by_system = {system: upkeep_hold(Path(result["data_dir"]) / "live" / "dagster")
+                 for system, result in live["systems"].items() if "data_dir" in result and "click_run_cost" in result}
     path = ResultFile("upkeep-hold", f"upkeep-hold-of-{args.live_result.stem}", args.live_result.parent).write(
-        {"live_result": args.live_result.name, "measured_commit": live["commit"], "upkeep_hold": holds})
-    print(json.dumps(holds, indent=2))
+        {"live_result": args.live_result.name, "measured_commit": live["commit"], "upkeep_hold": by_system})
+    print(json.dumps(by_system, indent=2))
     print(f"wrote {path}")
 
 

@@ -27,11 +27,11 @@ SERVER_MARKER = "photon-connect"
 
 
 # The Connect server's garbage collector, unless PHOTON_JVM_OPTIONS names one: the serial collector.
-# Java's default, G1, grew a live `photon up`'s server to its whole 2 GiB heap (2.18 GiB of PSS at the
-# peak of 15 minutes at 1,000 clicks/s) while ~300 MB of it was live after a collection; the serial
-# collector sizes the heap to what it holds (~420 MB, ~1 GiB of PSS in all: benchmarks/README.md, issue
-# 42 round twenty-three). On two cores it also spares G1's concurrent threads; its pauses stop the
-# server, which on two cores G1's work would slow anyway.
+# Java's default, G1, grew a live `photon up`'s server into its whole 2 GiB heap (2.18 GiB of PSS at
+# the peak of 15 minutes at 1,000 clicks/s); the serial collector, which grows its old generation only
+# when a full collection leaves too little free, held it at 1.19 GiB (a heap of at most ~190 MB young
+# and 425 MB old, 130-400 MB of the old in use), the latency unchanged (docs/STACK.md; benchmarks/
+# README.md, issue 42 round twenty-three).
 SERVER_COLLECTOR = "-XX:+UseSerialGC"
 
 
