@@ -149,16 +149,35 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR, c
 
 # A JVM option choosing the garbage collector (-XX:+UseSerialGC, -XX:+UseG1GC, ...).
 COLLECTOR_OPTION = re.compile(r"-XX:\+Use\w+GC\b")
+# How the JIT compiles, unless PHOTON_JVM_OPTIONS says (any tiered-compilation option): C2 compiles
+# a method once it ran ten times as often as Java's default asks. On two slow cores the one C2 thread
+# could not keep up with what the pipeline warms (Spark's planning, Delta's commits, Janino, Parquet):
+# 3,449 methods waited in its queue six minutes into a live `photon run`, and the compiler threads took
+# 46 s of the JVM's 103 s of CPU in its minutes 2-4. With these thresholds, 18 s of 66 s; the click runs
+# 6.7 s at the median against 11-22 s and p90 32.8 s against 50-67 s (5-minute probes at 1,000
+# clicks/s, 2026-12-01, docs/STACK.md). The hot loops (Parquet encoding, Arrow) still reach C2 within
+# seconds; C1 alone made them twice as slow.
+JIT_OPTION = re.compile(r"-XX:[+-]?(Tier|TieredCompilation|TieredStopAtLevel|CompileThreshold)")
+JIT_OPTIONS = ["-XX:Tier4InvocationThreshold=50000", "-XX:Tier4MinInvocationThreshold=6000",
+               "-XX:Tier4CompileThreshold=150000", "-XX:Tier4BackEdgeThreshold=400000"]
+# Arrow's bounds and null checks on every access, unless PHOTON_JVM_OPTIONS sets them: 12 % of the
+# JVM's Java samples in a live click run (JFR: ArrowBuf.checkIndexD, refCnt, ensureAccessible) as Spark
+# reads the Python workers' Arrow batches. Spark reads a value only after its validity (isNullAt).
+ARROW_OPTION = re.compile(r"-Darrow\.")
+ARROW_OPTIONS = ["-Darrow.enable_unsafe_memory_access=true", "-Darrow.enable_null_check_for_get=false"]
 
 
 def jvm_options(collector: str = "") -> dict[str, str]:
     """PHOTON_JVM_OPTIONS and the class archive (resources/class_archive.py) for the driver, and for
-    executors where they are JVMs of their own (a standalone cluster's); `collector` (an option such as
-    `-XX:+UseSerialGC`) first, unless PHOTON_JVM_OPTIONS names a collector of its own."""
+    executors where they are JVMs of their own (a standalone cluster's); before them, `collector` (an
+    option such as `-XX:+UseSerialGC`), JIT_OPTIONS and ARROW_OPTIONS, each unless PHOTON_JVM_OPTIONS
+    has one of its own."""
     user_options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
     chosen = [] if not collector or COLLECTOR_OPTION.search(user_options) else [collector]
+    chosen += [] if JIT_OPTION.search(user_options) else JIT_OPTIONS
+    chosen += [] if ARROW_OPTION.search(user_options) else ARROW_OPTIONS
     options = " ".join(o for o in [*chosen, user_options, *archive_options(user_options)] if o)
-    return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options} if options else {}
+    return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options}
 
 
 def local_conf(master: str = "local[2]", shuffle_partitions: int = 4, driver_memory: str = DRIVER_MEMORY) -> dict[str, str]:
