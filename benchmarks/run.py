@@ -145,11 +145,86 @@ def proportional_bytes(pid: int) -> int:
     return 0
 
 
-# Samples (0.2 s apart) between two readings of every process's smaps_rollup. The kernel walks a
-# process's page tables to answer it (a JVM's take milliseconds, under its mmap lock): read at every
-# new RSS peak as well, for the breakdown, the readings took a third of the sampler thread's time in a
-# live run at 1,000 clicks/s (py-spy, 2026-11-28), CPU the system under test did not get.
-PSS_EVERY = 5
+# How often the sampler reads the tree's memory. A process's RSS comes from /proc/<pid>/stat (the
+# scan of every process: ~3 ms of CPU); its PSS from /proc/<pid>/smaps_rollup, for which the kernel
+# walks the process's page tables: 43 ms of CPU for a live JVM (2026-12-01, a machine calibrated at
+# 0.086 s). Read every 0.2 s and every second, the sampler thread took 17 % of a core on two cores
+# beside a live run at 1,000 clicks/s (py-spy: 54 % of its samples in smaps_rollup, 31 % in the scan),
+# CPU the system under test did not get.
+SAMPLE_SECONDS = 0.5
+PSS_EVERY = 2  # samples: the tree's PSS is summed every second
+# The PSS of a process that shares its memory with no other process of the tree (no fork of it, or
+# it of another, without an exec: a JVM, the registry service, `photon run` itself) moves only with
+# its own resident pages: it is read again when its RSS moved by more than this share since the last
+# reading, or when that reading is this old. A forked family's (Python workers, `photon up`'s run
+# server and its runs) is read at every pass: its shared pages gain and lose sharers as its members
+# come and go, and its members are small, cheap to read.
+PSS_RSS_DRIFT = 0.01
+PSS_MAX_AGE_SECONDS = 5.0
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot): with its pid, what names one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _parent_and_command(pid: int) -> tuple[int | None, bytes]:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[1]), Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None, b""
+
+
+def forked_families(tree: dict[int, int]) -> set[int]:
+    """The processes of `tree` that share memory with another of it by a fork without an exec: a child
+    running its parent's command line, and that parent."""
+    seen = {pid: _parent_and_command(pid) for pid in tree}
+    family = set()
+    for pid, (parent, command) in seen.items():
+        if parent in seen and command and seen[parent][1] == command:
+            family.update((pid, parent))
+    return family
+
+
+class PssReader:
+    """The tree's proportional set size, read process by process (see PSS_RSS_DRIFT for the readings
+    kept). A pass counts only if the tree listed after it is the one listed before it (the same pids,
+    started at the same times): a page shared with a child that exits between two readings counts in
+    both, so such a pass overstates what the tree held (round twenty-three put a `photon up` peak in
+    such a sample)."""
+
+    def __init__(self, root: int):
+        self.root = root
+        self._kept: dict[tuple[int, int | None], tuple[int, int, float]] = {}  # (pid, start) -> (rss, pss, at)
+
+    def read(self, tree: dict[int, int], tries: int = 3) -> tuple[dict[int, int], dict[int, int]] | None:
+        """(pid -> RSS, pid -> PSS) of a settled pass over the tree, starting from `tree` (pid -> RSS
+        bytes, as process_tree_rss lists it); None when the tree changed during each of `tries` passes."""
+        for _ in range(tries):
+            starts = {pid: process_start(pid) for pid in tree}
+            family = forked_families(tree)
+            pss = {pid: self._pss(pid, starts[pid], rss, pid in family) for pid, rss in tree.items()}
+            after = process_tree_rss(self.root)
+            if after.keys() == tree.keys() and all(process_start(pid) == start for pid, start in starts.items()):
+                self._kept = {key: value for key, value in self._kept.items() if key[0] in tree}
+                return tree, pss
+            tree = after
+        return None
+
+    def _pss(self, pid: int, start: int | None, rss: int, shares: bool) -> int:
+        kept = self._kept.get((pid, start))
+        now = time.monotonic()
+        if (not shares and kept and abs(rss - kept[0]) <= PSS_RSS_DRIFT * max(kept[0], 1)
+                and now - kept[2] < PSS_MAX_AGE_SECONDS):
+            return kept[1]
+        pss = proportional_bytes(pid)
+        self._kept[(pid, start)] = (rss, pss, now)
+        return pss
 
 
 class Measured:
@@ -163,6 +238,7 @@ class Measured:
         # forked processes (Python workers, `photon up`'s run workers) share once per process.
         self.peak_pss_bytes = 0
         self.peak_breakdown: dict[str, dict[str, int]] = {}  # at the PSS peak: kind -> processes, rss, pss
+        self.unsettled_pss_samples = 0  # PSS passes left out: the tree changed during each try
 
     def start(self) -> "Measured":
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -175,17 +251,19 @@ class Measured:
         return self
 
     def _sample(self) -> None:
-        samples = 0
+        samples, reader = 0, PssReader(self.process.pid)
         while self.process.poll() is None:
             tree = process_tree_rss(self.process.pid)
             self.peak_rss_bytes = max(self.peak_rss_bytes, sum(tree.values()))
             if samples % PSS_EVERY == 0:
-                pss = {pid: proportional_bytes(pid) for pid in tree}  # one reading a process
-                if sum(pss.values()) > self.peak_pss_bytes:
-                    self.peak_pss_bytes = sum(pss.values())
-                    self.peak_breakdown = self._by_kind(tree, pss)
+                settled = reader.read(tree)
+                if settled is None:
+                    self.unsettled_pss_samples += 1
+                elif sum(settled[1].values()) > self.peak_pss_bytes:
+                    self.peak_pss_bytes = sum(settled[1].values())
+                    self.peak_breakdown = self._by_kind(*settled)
             samples += 1
-            time.sleep(0.2)
+            time.sleep(SAMPLE_SECONDS)
 
     def _by_kind(self, rss: dict[int, int], pss: dict[int, int]) -> dict[str, dict[str, int]]:
         kinds: dict[str, dict[str, int]] = {}
@@ -264,6 +342,7 @@ def run_photon(data_dir: Path, logs: Path, timeout_seconds: float = 6 * 3600) ->
         "peak_rss_bytes": measured.peak_rss_bytes,
         "peak_pss_bytes": measured.peak_pss_bytes,
         "peak_memory_by_process": measured.peak_breakdown,
+        "unsettled_pss_samples": measured.unsettled_pss_samples,
         "bytes_written": written,
         "write_amplification": round(sum(written.values()) / size, 3),
         "runs": summary["runs"],
@@ -377,6 +456,7 @@ def run_peer(peer: str, data_dir: Path, out_dir: Path, logs: Path, *options: str
         "peak_rss_bytes": peak,
         "peak_pss_bytes": measured.peak_pss_bytes,
         "peak_memory_by_process": measured.peak_breakdown,
+        "unsettled_pss_samples": measured.unsettled_pss_samples,
         "bytes_written": written,
         "write_amplification": round(written / result["input_bytes"], 3),
     }
@@ -670,6 +750,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         "peak_rss_bytes": max(measured.peak_rss_bytes, (output or {}).get("jvm_peak_rss_bytes") or 0),
         "peak_pss_bytes": measured.peak_pss_bytes,
         "peak_memory_by_process": measured.peak_breakdown,
+        "unsettled_pss_samples": measured.unsettled_pss_samples,
         ("summary" if photon else "peer"): output,
         # The peer's command-line options on top of its defaults (benchmarks/peers.py): its settings
         # are in `peer` once it reports, which a peer stopped at the drain timeout never does.

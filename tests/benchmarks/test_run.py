@@ -115,3 +115,32 @@ def test_a_click_run_beside_upkeep_is_held_by_its_seconds_above_the_line_of_thos
     assert found["maintenance"] == {"click_runs": 1, "hold_p50_seconds": 2.0, "hold_p90_seconds": 2.0, "hold_max_seconds": 2.0}
     assert found["aggregates"]["hold_p50_seconds"] == 0.5
     assert latency_stages.holds(alone[:2], beside) == {"click_runs": 2, "alone": {"click_runs": 2}}
+
+
+def test_the_memory_sampler_counts_a_forked_family_afresh_and_only_settled_passes():
+    """A child forked without an exec shares its parent's pages: both are a family, read at every pass;
+    an exec'd child is not. A pass over a tree that changed while it was read is read again."""
+    import os
+    import time
+
+    script = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nelse:\n    time.sleep(60)\n"
+    parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    execd = subprocess.Popen(["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(run_script.process_tree_rss(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        family_tree = run_script.process_tree_rss(parent.pid)
+        assert len(family_tree) == 2
+        assert run_script.forked_families(family_tree) == set(family_tree)
+        me = run_script.process_tree_rss(os.getpid())
+        assert execd.pid in me and execd.pid not in run_script.forked_families(me)
+
+        reader = run_script.PssReader(parent.pid)
+        rss, pss = reader.read({**family_tree, 2**22 + 7: 1})  # listed, gone by the pass: read again
+        assert rss.keys() == family_tree.keys() and all(value > 0 for value in pss.values())
+    finally:
+        os.killpg(parent.pid, 9)  # the forked child too
+        execd.kill()
+        parent.wait()
+        execd.wait()
