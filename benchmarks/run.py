@@ -154,13 +154,13 @@ def proportional_bytes(pid: int) -> int:
 SAMPLE_SECONDS = 0.5
 PSS_EVERY = 2  # samples: the tree's PSS is summed every second
 # The PSS of a process that shares its memory with no other process of the tree (no fork of it, or
-# it of another, without an exec: a JVM, the registry service, `photon run` itself) moves only with
-# its own resident pages: it is read again when its RSS moved by more than this share since the last
-# reading, or when that reading is this old. A forked family's (Python workers, `photon up`'s run
-# server and its runs) is read at every pass: its shared pages gain and lose sharers as its members
-# come and go, and its members are small, cheap to read.
-PSS_RSS_DRIFT = 0.01
-PSS_MAX_AGE_SECONDS = 5.0
+# it of another, without an exec: a JVM, the registry service, `photon run` itself) is its RSS less
+# what it shares with the rest of the machine (libraries, files mapped), which moves only when those
+# mappings do: between two readings of its smaps_rollup, PSS_MAX_AGE_SECONDS apart, it is its RSS less
+# the difference the last reading found. A forked family's (Python workers, `photon up`'s run server and
+# its runs) is read at every pass: its pages gain and lose sharers as its members come and go, and its
+# members are small, cheap to read.
+PSS_MAX_AGE_SECONDS = 10.0
 
 
 def process_start(pid: int) -> int | None:
@@ -192,8 +192,8 @@ def forked_families(tree: dict[int, int]) -> set[int]:
 
 
 class PssReader:
-    """The tree's proportional set size, read process by process (see PSS_RSS_DRIFT for the readings
-    kept). A pass counts only if the tree listed after it is the one listed before it (the same pids,
+    """The tree's proportional set size, read process by process (see PSS_MAX_AGE_SECONDS for those
+    derived from their RSS). A pass counts only if the tree listed after it is the one listed before it (the same pids,
     started at the same times): a page shared with a child that exits between two readings counts in
     both, so such a pass overstates what the tree held (round twenty-three put a `photon up` peak in
     such a sample)."""
@@ -219,9 +219,8 @@ class PssReader:
     def _pss(self, pid: int, start: int | None, rss: int, shares: bool) -> int:
         kept = self._kept.get((pid, start))
         now = time.monotonic()
-        if (not shares and kept and abs(rss - kept[0]) <= PSS_RSS_DRIFT * max(kept[0], 1)
-                and now - kept[2] < PSS_MAX_AGE_SECONDS):
-            return kept[1]
+        if not shares and kept and now - kept[2] < PSS_MAX_AGE_SECONDS:
+            return max(0, rss - (kept[0] - kept[1]))
         pss = proportional_bytes(pid)
         self._kept[(pid, start)] = (rss, pss, now)
         return pss
