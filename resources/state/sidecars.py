@@ -34,7 +34,9 @@ def read_document(path: Path) -> dict | None:
 def write_document(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
-        json.dump({**doc, "v": VERSION}, f, sort_keys=True)
+        # dumps, not dump: json.dump encodes in Python (only dumps takes the C encoder), which was 11 %
+        # of the query tailer's CPU for its mirror, twice a second over thousands of files' offsets.
+        f.write(json.dumps({**doc, "v": VERSION}, sort_keys=True))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
