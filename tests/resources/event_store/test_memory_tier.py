@@ -47,6 +47,23 @@ def test_lookups_find_each_held_query_once_and_count_hits_and_misses():
     assert (stats["hits"], stats["misses"], stats["pieces"], stats["rows"]) == (2, 1, 2, 4)
 
 
+def test_a_lookup_finds_queries_of_writers_naming_the_same_times_in_any_order_and_piece():
+    """The tier searches each piece by the time its ids name: ids of two writers naming one time, put out
+    of order across pieces, located or not, are each found, and an id of a held time but another writer
+    is not."""
+    store = RecentQueries()
+    put(store, "u1", lines("10.1.0.1:7", [NOW + 3, NOW + 1, NOW + 2]), part=0)
+    put(store, "u1", lines("10.1.0.2:8", [NOW + 2, NOW + 1, NOW + 9]), part=1)
+    put(store, "u2", lines("10.1.0.1:7", [NOW + 200 * SECOND]), retention=60)  # the others give up their lines
+    asked = [f"10.1.0.2:8:{NOW + 1}", f"10.1.0.1:7:{NOW + 2}", f"10.1.0.2:8:{NOW + 2}", f"10.1.0.3:9:{NOW + 2}",
+             f"10.1.0.1:7:{NOW + 3}", f"10.1.0.2:8:{NOW + 9}", f"10.1.0.1:7:{NOW + 9}", "no-time"]
+    found = store.get("dc1", wanted(*asked))
+    assert sorted(found["query_id"].to_pylist()) == sorted(asked[:3] + [asked[4], asked[5]])
+    assert found["line"].null_count == found.num_rows  # located: their pieces gave their lines up
+    assert (found["timestamp_us"].to_pylist() ==
+            [int(query_id.rsplit(":", 1)[1]) for query_id in found["query_id"].to_pylist()])
+
+
 def test_a_later_attempt_replaces_its_units_pieces_and_future_queries_are_held_apart():
     store = RecentQueries()
     put(store, "u1", lines("10.1.0.1:7", [NOW]), attempt=1, part=0)
