@@ -157,16 +157,20 @@ def _warm_up() -> None:
     loads it for a run; it builds the Definitions from the environment, and its repository is resolved
     here once) and the Spark Connect client; and the instance, opened once and closed: its first open
     imports its storages (~430 modules, 0.7-2 s of each run's start on two busy cores) and holds no
-    connection or thread once closed, so the process still opens nothing that a fork would share."""
+    connection or thread once closed, so the process still opens nothing that a fork would share; and
+    alembic's revision scripts, read once (photon/sqlite_storage.py: event_log_scripts)."""
     import importlib
 
     import dagster as dg
     import dagster._cli.api  # noqa: F401
     import pyspark.sql.connect.session  # noqa: F401
 
+    from photon.sqlite_storage import event_log_scripts
+
     importlib.import_module(CODE_LOCATION_MODULE).defs.get_repository_def()
     with dg.DagsterInstance.get():
         pass
+    event_log_scripts()  # alembic's revision map, which each run's new event database is stamped from
 
 
 def serve(path: Path) -> None:

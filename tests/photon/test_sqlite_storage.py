@@ -106,3 +106,31 @@ def test_schema_questions_answered_yes_are_not_asked_again_and_a_no_is(tmp_path)
     schedules.all_instigator_state()
     sent = statements_of(schedules.all_instigator_state)
     assert sent and not any("sqlite_master" in statement or "secondary_indexes" in statement for statement in sent)
+
+
+def test_a_runs_event_database_is_made_as_dagsters_own_storage_makes_it(tmp_path):
+    """Its tables, indexes and write-ahead logging are Dagster's, stamped at alembic's head, which
+    Dagster's own revision check accepts (alembic's scripts read once per process, not per run)."""
+    import sqlite3
+
+    from dagster._core.storage.event_log.sqlite import sqlite_event_log
+    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+    from dagster._core.storage.sql import check_alembic_revision, get_alembic_config
+
+    from photon.sqlite_storage import KeptEngineEventLogStorage, kept_engine
+
+    def made(path):
+        with sqlite3.connect(path) as conn:
+            return (sorted(conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall(), key=str),
+                    conn.execute("PRAGMA journal_mode").fetchall())
+
+    (tmp_path / "ours").mkdir(), (tmp_path / "dagsters").mkdir()
+    ours = KeptEngineEventLogStorage(str(tmp_path / "ours"))
+    with ours._connect("run1"):
+        pass
+    with SqliteEventLogStorage(str(tmp_path / "dagsters"))._connect("run1"):
+        pass
+    assert made(tmp_path / "ours" / "run1.db") == made(tmp_path / "dagsters" / "run1.db")
+    with kept_engine(ours.conn_string_for_shard("run1")).connect() as conn:
+        db_revision, head = check_alembic_revision(get_alembic_config(sqlite_event_log.__file__), conn)
+    assert db_revision == head is not None
