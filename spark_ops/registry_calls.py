@@ -154,7 +154,7 @@ def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, 
         registered = registry.lookup(table.select(["click_id", "timestamp_us"])).select(["click_id", "token", "status"])
         registered = registered.rename_columns(["click_id", "registry_token", "registry_status"])
         # Read before the lines: whatever the tailer had put by then is among them.
-        tail = registry.tail_state(dc)
+        tail = registry.tail_state(dc, offsets=False)
         lines = read_located(registry.recall_queries(dc, table.select(["query_id"])), query_dir, max_line_bytes)
         lines = lines.select(["query_id", "timestamp_us", "line"])
         lines = lines.rename_columns(["query_id", "query_timestamp_us", "line"])

@@ -194,7 +194,9 @@ class RecentQueries:
     def put_tailed(self, dc: str, queries: pa.Table, tail: dict, holding: Holding) -> dict:
         """Holds the lines a query tailer read since its last put, and records with them, under the
         same lock, where it has read each file to and each writer's newest query time (`tail`:
-        {"part", "offsets", "writers"}). The tailer puts a writer's lines in log order before it
+        {"part", "offsets", "writers"}; "offsets" of the files this put read only, added to those
+        recorded: a live stream's query logs gain ~13 files a second, and sending every file's offset
+        with each put, twice a second, made the put's JSON grow by the minute). The tailer puts a writer's lines in log order before it
         raises that writer's time, so a query of a writer at or below it, above the horizon, that is
         not here, was never logged: that is what a click lookup vouches by once a tailer feeds the
         datacenter. Its pieces are keyed by the part number it counts up; a tailer that restarts
@@ -203,15 +205,20 @@ class RecentQueries:
         counts = self.put(dc, "tail", 1, int(tail["part"]), queries, None, holding)
         with self._lock:
             held = self._dcs[dc]
-            held.tail = {"part": int(tail["part"]), "offsets": dict(tail["offsets"]), "writers": dict(tail["writers"])}
+            offsets = {} if held.tail is None else held.tail["offsets"]
+            offsets.update(tail["offsets"])
+            held.tail = {"part": int(tail["part"]), "offsets": offsets, "writers": dict(tail["writers"])}
         return counts
 
-    def tail_state(self, dc: str) -> dict | None:
-        """What the tailer of `dc` recorded with its last put (see put_tailed); None: no tailer fed it."""
+    def tail_state(self, dc: str, offsets: bool = True) -> dict | None:
+        """What the tailer of `dc` recorded with its puts (see put_tailed), without where it read each
+        file to unless `offsets` (a click lookup needs the writers' times only); None: no tailer fed it."""
         with self._lock:
             held = self._dcs.get(dc)
-            return None if held is None or held.tail is None else {
-                "part": held.tail["part"], "offsets": dict(held.tail["offsets"]), "writers": dict(held.tail["writers"])}
+            if held is None or held.tail is None:
+                return None
+            return {"part": held.tail["part"], "writers": dict(held.tail["writers"]),
+                    **({"offsets": dict(held.tail["offsets"])} if offsets else {})}
 
     @staticmethod
     def _evict(held: _Datacenter, retention_us: int, budget_bytes: int) -> int:

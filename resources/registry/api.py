@@ -118,12 +118,13 @@ class IdRegistry(ABC):
     @abstractmethod
     def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:
         """Hold the lines a query tailer read (PIECE_SCHEMA) with where it read to (`tail`: "part",
-        "offsets", "writers", and the put's "latest_valid_ts", "retention_seconds", "budget_bytes")."""
+        "offsets" of the files this put read, "writers", and the put's "latest_valid_ts",
+        "retention_seconds", "budget_bytes")."""
 
     @abstractmethod
-    def tail_state(self, dc: str) -> dict | None:
-        """What `dc`'s query tailer recorded with its last put ("part", "offsets", "writers"); None
-        while no tailer feeds it."""
+    def tail_state(self, dc: str, offsets: bool = True) -> dict | None:
+        """What `dc`'s query tailer recorded with its puts ("part", "writers", and with `offsets` where
+        it read each file to); None while no tailer feeds it."""
 
     @abstractmethod
     def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:

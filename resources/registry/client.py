@@ -194,8 +194,8 @@ class RemoteIdRegistry(IdRegistry):
     def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:
         return self._exchange({"op": "remember_tailed", "dc": dc, "tail": tail}, queries, PIECE_SCHEMA).to_pylist()[0]
 
-    def tail_state(self, dc: str) -> dict | None:
-        return self._action("tail_state", {"dc": dc})
+    def tail_state(self, dc: str, offsets: bool = True) -> dict | None:
+        return self._action("tail_state", {"dc": dc, "offsets": offsets})
 
     def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
         return self._exchange({"op": "recall_queries", "dc": dc}, wanted, WANTED_QUERIES)

@@ -120,7 +120,7 @@ class RegistryServer(flight.FlightServerBase):
             elif action.type == "queries_horizon":
                 result = self.registry.queries_horizon(body["dc"])
             elif action.type == "tail_state":
-                result = self.registry.tail_state(body["dc"])
+                result = self.registry.tail_state(body["dc"], bool(body.get("offsets", True)))
             else:
                 raise ValueError(f"unknown action {action.type!r} (clear_tokens, stats, counters, reshard, gc, "
                                  "heartbeat, claim_work, finish_work, work_claims, queries_horizon, tail_state)")

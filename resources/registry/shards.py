@@ -522,8 +522,8 @@ class ShardedIdRegistry(IdRegistry):
     def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:
         return self._recent.put_tailed(dc, read_arrow(queries, PIECE_SCHEMA), tail, Holding.of(tail))
 
-    def tail_state(self, dc: str) -> dict | None:
-        return self._recent.tail_state(dc)
+    def tail_state(self, dc: str, offsets: bool = True) -> dict | None:
+        return self._recent.tail_state(dc, offsets)
 
     def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
         return self._recent.get(dc, read_arrow(wanted, WANTED_QUERIES))

@@ -118,3 +118,18 @@ def test_a_located_querys_line_is_read_from_the_log_and_a_rewritten_log_is_an_er
     (tmp_path / "q.jsonl").write_text("x" * 200)
     with pytest.raises(ValueError, match="rewritten"):
         read_located(recalled, tmp_path, 1000)
+
+
+def test_a_tailers_puts_add_up_where_it_read_each_file_to():
+    """Each put names the files it read; the tier keeps every file's latest, and hands them out only
+    when asked (a click lookup wants the writers' times alone)."""
+    store = RecentQueries()
+    holding = Holding(NOW + 300 * SECOND, 600, 1 << 30)
+    store.put_tailed("dc1", lines("10.1.0.1:7", [NOW]), {"part": 1, "offsets": {"a.jsonl": 10, "b.jsonl": 5},
+                                                        "writers": {"10.1.0.1:7": NOW}}, holding)
+    store.put_tailed("dc1", lines("10.1.0.1:7", [NOW + 1]), {"part": 2, "offsets": {"b.jsonl": 9},
+                                                            "writers": {"10.1.0.1:7": NOW + 1}}, holding)
+    assert store.tail_state("dc1") == {"part": 2, "offsets": {"a.jsonl": 10, "b.jsonl": 9},
+                                       "writers": {"10.1.0.1:7": NOW + 1}}
+    assert store.tail_state("dc1", offsets=False) == {"part": 2, "writers": {"10.1.0.1:7": NOW + 1}}
+    assert store.tail_state("dc2") is None
