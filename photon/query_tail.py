@@ -51,6 +51,12 @@ POLL_SECONDS = 0.5
 PUT_BYTES = 16 << 20
 # How often the tailer reads the query work unit log to delete the segments the query runs are done with.
 CUT_READ_EVERY_SECONDS = 60.0
+# How often its mirror (every file's offset) is written at most: a live stream's query logs gain ~13
+# files a second, and encoding their offsets at every poll took a tenth of the tailer's CPU seven
+# minutes into a live run (py-spy, 2026-12-01). The dispatchers read it to cut behind the tailer and to
+# know whether query lines wait (a second late is a line cut or held a second later); freshness is
+# TAIL_FRESH_SECONDS (10 s). Pacing goes by the tailer's watermark, written with each put.
+MIRROR_EVERY_SECONDS = 1.0
 PARSED_QUERY = arrow_schema(PARSED["query"])
 TEXT_SCHEMA = pa.schema([PARSED_QUERY.field(name) for name in TEXT_FIELDS])
 
@@ -94,6 +100,7 @@ class QueryTailer:
         self.stream_dir = layout.stream_dir(dc, "query")
         self.segments = TailSegments(layout.query_tail_segments_dir(dc), settings.max_line_bytes)
         self._cut_read_at = 0.0
+        self._mirrored_at = float("-inf")
         state = registry.tail_state(dc)
         if state is None:
             # A registry service that holds nothing of this datacenter: start over, and so do the
@@ -115,7 +122,7 @@ class QueryTailer:
             ranges, pending = self._within_budget(pending)
             done.bytes_read += sum(end - start for _, start, end in ranges)
             done.lines_put += self._put(ranges)
-            self._mirror()  # after each put: a backlog's pacing follows it put by put
+            self._mirror()  # after a put (a backlog's puts take seconds each: its cut follows them put by put)
         if not done.bytes_read:
             self._mirror()  # fresh: a tailer with nothing to read is still feeding
         done.seconds = time.monotonic() - started
@@ -160,10 +167,11 @@ class QueryTailer:
         writers = dict(self.writers)
         for name, (_, high) in spans.items():
             writers[name] = max(writers.get(name, high), high)
-        offsets = {**self.offsets, **{file: end for file, _, end in ranges}}
+        read = {file: end for file, _, end in ranges}
+        offsets = {**self.offsets, **read}
         self.part += 1
         self.registry.remember_tailed(self.dc, valid, {
-            "part": self.part, "offsets": offsets, "writers": writers, "latest_valid_ts": latest_valid,
+            "part": self.part, "offsets": read, "writers": writers, "latest_valid_ts": latest_valid,
             "retention_seconds": self.settings.query_memory_seconds, "budget_bytes": self.settings.query_memory_bytes})
         self.offsets, self.writers = offsets, writers
         # After the put, which clicks wait for: the durable tier's runs read these lines from here.
@@ -201,7 +209,11 @@ class QueryTailer:
             spans[c].to_pylist() for c in ("server_ip", "process_id", "timestamp_us_min", "timestamp_us_max")])}
 
     def _mirror(self) -> None:
+        """The mirror written, unless it was within MIRROR_EVERY_SECONDS."""
+        if time.monotonic() - self._mirrored_at < MIRROR_EVERY_SECONDS:
+            return
         QueryTail(offsets=self.offsets, part=self.part, updated_at=time.time()).save(self.layout.query_tail_file(self.dc))
+        self._mirrored_at = time.monotonic()
 
 
 def tail_forever(layout: DataLayout, dc: str, registry: IdRegistry, settings: TailSettings,
