@@ -38,6 +38,7 @@ from dagster._serdes import ConfigurableClassData
 
 from photon.run_processes import process_alive_since, run_process
 from resources.runtime.forking import freeze_before_fork
+from resources.runtime.priority import lower_this_process
 
 SOCKET_ENV = "PHOTON_RUN_SERVER_SOCKET"
 log = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ def request_run(path: str, run_id: str, timeout_seconds: float = 10.0) -> int:
 
 def _execute(run_id: str) -> int:
     """In the forked child: the run, as `dagster api execute_run` executes it (SIGTERM and SIGINT
-    interrupt it the way Dagster's own run processes are interrupted)."""
+    interrupt it the way Dagster's own run processes are interrupted); a run off the click path at a
+    lower CPU priority (resources/runtime/priority.py)."""
     import dagster as dg
     from dagster._cli.api import _execute_run_command_body
     from dagster._utils.interrupts import capture_interrupts
@@ -117,7 +119,20 @@ def _execute(run_id: str) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     with capture_interrupts(), dg.DagsterInstance.get() as instance:
+        lower_if_off_click_path(instance.get_run_by_id(run_id))
         return _execute_run_command_body(run_id, instance, lambda event: None, set_exit_code_on_failure=False)
+
+
+def lower_if_off_click_path(run) -> None:
+    """This run's process at the lower CPU priority of the work off the click path, unless it is a run
+    of the click path (new click lines, pending retries): query runs, the aggregates refresh, table
+    maintenance and checks, recovery. In the forked child, before the run starts its threads."""
+    # Imported here, where the warm server has it already: the daemon and the webserver load this
+    # module for its launcher and have no use for the pipeline's modules.
+    from photon_assets.jobs import JOIN_CLICKS_JOB
+
+    if run is not None and run.job_name != JOIN_CLICKS_JOB:
+        lower_this_process()
 
 
 # How long a run child waits for its session's release before it exits anyway.

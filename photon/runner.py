@@ -43,6 +43,7 @@ from photon.tailers import QueryTailers
 from photon_assets.jobs import VERIFY_JOB
 from resources.id_registry import ADDRESS_ENV, registry_resource_from_env
 from resources.registry.work_claims import leases_held
+from resources.runtime.priority import lower_this_thread
 from resources.runtime.repeating import repeated
 from resources.settings import pipeline_settings
 from resources.spark import spark_session
@@ -465,10 +466,12 @@ def off_click_pass_order(sensors: list) -> list:
 def off_click_passes(context, log: logging.Logger):
     """The sensors off the click path ticked on a thread of their own, their runs executed on it beside
     the main loop's click runs, on the same Spark session: the query tailers feed the memory tier, so
-    no click run waits for a query run, an aggregates refresh or a table maintenance run."""
+    no click run waits for a query run, an aggregates refresh or a table maintenance run. The thread
+    runs at a lower CPU priority than the click runs (resources/runtime/priority.py)."""
     runs_on_several_threads()
 
     def one_pass() -> None:
+        lower_this_thread()  # the pass's thread, from its first pass on
         try:
             sensor_pass(context, log, off_click_pass_order, PASS_INTERVAL_SECONDS)
         except Exception:  # a tick's own errors are recorded as failed ticks; this is anything else

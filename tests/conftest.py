@@ -35,6 +35,7 @@ QUICK = (
     "tests/resources/test_class_archive.py::test_the_archive_reaches",
     "tests/resources/test_class_archive.py::test_the_archive_is_named",
     "tests/resources/runtime/test_process_groups.py",
+    "tests/resources/runtime/test_priority.py",
     "tests/photon/",
     "tests/spark_ops/test_events.py",
     "tests/spark_ops/test_tables.py",
