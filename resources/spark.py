@@ -26,6 +26,8 @@ from resources.class_archive import DELTA_JARS, archive_options
 from resources.class_archive import JARS_DIR as DEFAULT_JARS_DIR
 from resources.log_store import CLASS_NAME as LOG_STORE_CLASS
 from resources.log_store import log_store_jar
+from resources.runtime.priority import off_click_path
+from resources.task_priority import OFF_CLICK_PATH_TAG, plugin_conf, plugin_jar, priority_options
 
 # `sc://HOST:PORT` of the Spark Connect server every run of this deployment uses; unset: local mode.
 SPARK_REMOTE_ENV = "PHOTON_SPARK_REMOTE"
@@ -37,12 +39,13 @@ _session_lock = threading.Lock()
 
 
 def delta_jars(jars_dir: Path = DEFAULT_JARS_DIR) -> list[str]:
-    """Delta's jars, and the project's log store for it (resources/log_store.py)."""
+    """Delta's jars, the project's log store for it (resources/log_store.py) and its task priority plugin
+    (resources/task_priority.py)."""
     jars = [jars_dir / name for name in DELTA_JARS]
     missing = [str(j) for j in jars if not j.is_file()]
     if missing:
         raise RuntimeError(f"Delta jars missing ({', '.join(missing)}): run scripts/setup.sh first")
-    return [*map(str, jars), str(log_store_jar(jars_dir))]
+    return [*map(str, jars), str(log_store_jar(jars_dir)), str(plugin_jar(jars_dir))]
 
 
 # Commits atomic across processes, so that OPTIMIZE holds no table lock (resources/log_store.py).
@@ -143,6 +146,7 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR, c
         # Spark jar and pyspark's zips on their path, which each task's import cache reset re-read
         # (~0.1 s a task).
         "spark.python.daemon.module": "spark_ops.worker_daemon",
+        **plugin_conf(),
         **jvm_options(collector),
     }
 
@@ -171,11 +175,13 @@ def jvm_options(collector: str = "") -> dict[str, str]:
     """PHOTON_JVM_OPTIONS and the class archive (resources/class_archive.py) for the driver, and for
     executors where they are JVMs of their own (a standalone cluster's); before them, `collector` (an
     option such as `-XX:+UseSerialGC`), JIT_OPTIONS and ARROW_OPTIONS, each unless PHOTON_JVM_OPTIONS
-    has one of its own."""
+    has one of its own, and the mapping of thread priorities where the task priority plugin is loaded
+    (resources/task_priority.py)."""
     user_options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
     chosen = [] if not collector or COLLECTOR_OPTION.search(user_options) else [collector]
     chosen += [] if JIT_OPTION.search(user_options) else JIT_OPTIONS
     chosen += [] if ARROW_OPTION.search(user_options) else ARROW_OPTIONS
+    chosen += priority_options()
     options = " ".join(o for o in [*chosen, user_options, *archive_options(user_options)] if o)
     return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options}
 
@@ -235,10 +241,15 @@ class SparkResource(LazyPySparkResource):
         return self.spark_config.get("spark.remote")
 
     def session(self) -> SparkSession:
+        """The session; for work off the click path (resources/runtime/priority.py), with this thread's
+        operations tagged so that their tasks run at its lower priority (resources/task_priority.py)."""
         with _session_lock:
             if self.remote is None:
                 _prepare_local_process()
-            return self.spark_session
+            session = self.spark_session
+        if off_click_path() and OFF_CLICK_PATH_TAG not in session.getTags():
+            session.addTag(OFF_CLICK_PATH_TAG)
+        return session
 
     @contextmanager
     def jobs_counted(self, group: str) -> Iterator[Callable[[], dict[str, int]]]:

@@ -34,9 +34,12 @@ if ! ls .cache/jars/delta-spark_2.13-*.jar .cache/jars/delta-storage-*.jar >/dev
     dependency:copy-dependencies -DoutputDirectory="$PWD/.cache/jars"
 fi
 
-# Delta's log store for this project's tables (resources/log_store.py): one Java class, compiled with
-# the JDK's javac against the jars above, in ~2 s, once per version of its source.
+# Delta's log store for this project's tables (resources/log_store.py) and the plugin that runs the
+# Spark tasks off the click path at a lower priority (resources/task_priority.py): one Java class each,
+# compiled with the JDK's javac against the jars above, in ~2 s, once per version of its source (before
+# the class archive, which is named after the jars).
 .venv/bin/python -m resources.log_store
+.venv/bin/python -m resources.task_priority
 
 # The JVM class archive (resources/class_archive.py): Spark's, Delta's and Connect's classes laid out
 # once, so each JVM of the pipeline maps them instead of loading them from the jars (~6 s off a cold

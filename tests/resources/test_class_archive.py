@@ -7,8 +7,9 @@ from resources import class_archive
 from resources.class_archive import archive_options, archive_path
 from resources.runtime.spark_connect import SERVER_COLLECTOR, server_command
 from resources.spark import ARROW_OPTIONS, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
+from resources.task_priority import priority_options
 
-DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS])
+DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
 
 
 def test_the_archive_reaches_both_modes_only_when_it_exists_and_sharing_is_not_decided_already(tmp_path, monkeypatch):

@@ -3,8 +3,9 @@
 from resources import class_archive
 from resources.runtime.spark_connect import SERVER_COLLECTOR, server_command
 from resources.spark import ARROW_OPTIONS, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
+from resources.task_priority import priority_options
 
-DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS])
+DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
 
 
 def test_jvm_options_from_the_environment_reach_the_driver_and_executors_in_both_modes(tmp_path, monkeypatch):
@@ -17,14 +18,14 @@ def test_jvm_options_from_the_environment_reach_the_driver_and_executors_in_both
     assert f"spark.driver.extraJavaOptions={SERVER_COLLECTOR} {DEFAULTS}" in server_command(15002)
 
     monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:TieredStopAtLevel=1")
-    arrow = " ".join(ARROW_OPTIONS)
+    arrow = " ".join([*ARROW_OPTIONS, *priority_options()])
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         assert local_conf()[key] == f"{arrow} -XX:TieredStopAtLevel=1"
         assert f"{key}={SERVER_COLLECTOR} {arrow} -XX:TieredStopAtLevel=1" in server_command(15002)
 
     monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:+UseG1GC -XX:MaxGCPauseMillis=50 -Darrow.enable_unsafe_memory_access=false")
-    assert (f"spark.driver.extraJavaOptions={' '.join(JIT_OPTIONS)} -XX:+UseG1GC -XX:MaxGCPauseMillis=50 "
-            "-Darrow.enable_unsafe_memory_access=false") in server_command(15002)
+    assert (f"spark.driver.extraJavaOptions={' '.join([*JIT_OPTIONS, *priority_options()])} -XX:+UseG1GC "
+            "-XX:MaxGCPauseMillis=50 -Darrow.enable_unsafe_memory_access=false") in server_command(15002)
 
 
 def test_both_modes_schedule_the_default_pool_fair():
