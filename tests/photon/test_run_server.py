@@ -127,26 +127,23 @@ def test_a_run_child_whose_spark_connect_server_hangs_exits_at_the_release_bound
     assert "was not released within 3 s" in probe.stderr, probe.stderr[-2000:]
 
 
-def _nice_after(run) -> int:
-    from photon.run_server import lower_if_off_click_path
-
-    lower_if_off_click_path(run)
-    return os.getpriority(os.PRIO_PROCESS, 0)
-
-
 def test_a_run_child_off_the_click_path_runs_at_the_lower_cpu_priority(tmp_path):
-    """Each run is its own forked process: a click run keeps the server's priority, any other run (a
-    query run, the refresh, maintenance, checks) is lowered before it starts."""
-    import multiprocessing
-
+    """Each run is a process of its own: a click run keeps the server's priority, any other run (a
+    query run, the refresh, maintenance, checks) is lowered before it starts. (In a new interpreter
+    per run: a fork of the test's process, with its threads, is not what the run server forks.)"""
     from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
     from resources.runtime.priority import OFF_CLICK_PATH_NICE
 
+    probe = ("import os, sys, dagster as dg; from photon.run_server import lower_if_off_click_path; "
+             "instance = dg.DagsterInstance.get(); lower_if_off_click_path(instance.get_run_by_id(sys.argv[1])); "
+             "print(os.getpriority(os.PRIO_PROCESS, 0))")
     base = os.getpriority(os.PRIO_PROCESS, 0)
     with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
-        runs = {name: instance.create_run_for_job(dg.GraphDefinition(name).to_job())
+        runs = {name: instance.create_run_for_job(dg.GraphDefinition(name).to_job()).run_id
                 for name in (JOIN_CLICKS_JOB, INGEST_QUERIES_JOB, "maintain_tables")}
-        with multiprocessing.get_context("fork").Pool(1, maxtasksperchild=1) as pool:
-            nice = {name: pool.apply(_nice_after, (run,)) for name, run in runs.items()}
-    assert nice == {JOIN_CLICKS_JOB: base, INGEST_QUERIES_JOB: max(base, OFF_CLICK_PATH_NICE),
-                    "maintain_tables": max(base, OFF_CLICK_PATH_NICE)}
+        env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+        nice = {name: int(subprocess.run([sys.executable, "-c", probe, run_id], env=env, capture_output=True,
+                                         text=True, check=True).stdout.split()[-1])
+                for name, run_id in runs.items()}
+    lowered = max(base, OFF_CLICK_PATH_NICE)
+    assert nice == {JOIN_CLICKS_JOB: base, INGEST_QUERIES_JOB: lowered, "maintain_tables": lowered}
