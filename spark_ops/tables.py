@@ -343,25 +343,28 @@ def no_rows(name: str) -> pa.Table:
     return arrow_schema(TABLE_SCHEMAS[name][0]).empty_table()
 
 
-# What DuckDB may hold over the tables at once, beyond which it spills to DUCKDB_SPILL_DIR: its default,
+# What DuckDB may hold over the tables at once, beyond which it spills to a directory of the connection's
+# own under the system's temporary directory (no two connections, in one process or two, share spill
+# files, and the directory goes with its connection): its default,
 # 80 % of the machine's memory, let a `check_tables` run of a live `photon up` reach 511 MiB of PSS (the
 # checks over every table and the registry's ids; benchmarks/README.md, round twenty-three), a fifth of
 # the deployment's budget, beside the click runs.
 DUCKDB_MEMORY_LIMIT = "256MB"
-DUCKDB_SPILL_DIR = Path(tempfile.gettempdir()) / "photon-duckdb-spill"
+SPILL_PREFIX = "photon-duckdb-spill-"
 
 
 @contextmanager
 def duckdb_over(relations: dict[str, ds.Dataset | pa.Table]) -> Iterator[duckdb.DuckDBPyConnection]:
     """A DuckDB connection with each relation (delta_rows, or a table) registered under its name, within
     DUCKDB_MEMORY_LIMIT, closed on exit."""
-    con = duckdb.connect(config={"memory_limit": DUCKDB_MEMORY_LIMIT, "temp_directory": str(DUCKDB_SPILL_DIR)})
-    try:
-        for name, rows in relations.items():
-            con.register(name, rows)
-        yield con
-    finally:
-        con.close()
+    with tempfile.TemporaryDirectory(prefix=SPILL_PREFIX) as spill:
+        con = duckdb.connect(config={"memory_limit": DUCKDB_MEMORY_LIMIT, "temp_directory": spill})
+        try:
+            for name, rows in relations.items():
+                con.register(name, rows)
+            yield con
+        finally:
+            con.close()
 
 
 def one_row(con: duckdb.DuckDBPyConnection, query: str) -> dict:
