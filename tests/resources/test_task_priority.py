@@ -38,26 +38,25 @@ def executor_threads_nice(jvm: int) -> dict[str, int]:
     return nice
 
 
-def _slow(batches):
-    import time as clock
-
-    for batch in batches:
-        clock.sleep(3)
-        yield batch
-
-
 @pytest.mark.skipif(not task_priority.raising_permitted(), reason="this user cannot set a thread's priority back")
 def test_the_tasks_of_work_off_the_click_path_run_lowered_and_their_threads_are_set_back(spark):
     spark.range(1).collect()  # executor threads exist
     jvm = this_process_jvm()
     seen = {}
 
+    def slow(batches):  # defined here: pickled by value (this module is not on the workers' path)
+        import time as clock
+
+        for batch in batches:
+            clock.sleep(3)
+            yield batch
+
     def run(lowered: bool) -> None:
         if lowered:
             lower_this_thread()
         session = SparkResource.local().session()
         seen[lowered, "tagged"] = task_priority.OFF_CLICK_PATH_TAG in session.getTags()
-        session.range(2, numPartitions=2).mapInArrow(_slow, "id long").collect()
+        session.range(2, numPartitions=2).mapInArrow(slow, "id long").collect()
 
     for lowered in (True, False):
         thread = threading.Thread(target=run, args=(lowered,))
@@ -82,3 +81,4 @@ def test_the_plugin_and_its_jvm_options_are_there_only_where_priorities_can_be_s
         assert all((option in conf["spark.driver.extraJavaOptions"]) == permitted
                    for option in task_priority.PRIORITY_OPTIONS)
         assert str(task_priority.plugin_jar()) in conf["spark.jars"]
+
