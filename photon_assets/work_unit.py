@@ -206,6 +206,12 @@ def mark_recovered(instance: dg.DagsterInstance, record: dg.RunRecord, recovery_
     instance.add_run_tags(record.dagster_run.run_id, {TAG_RECOVERED: recovery_run_id})
 
 
+def has_run(instance: dg.DagsterInstance, unit_id: str) -> bool:
+    """Whether a run of the work unit was created (a dispatcher records a unit in its log before the
+    daemon's machinery creates the run its tick requested)."""
+    return bool(instance.get_run_ids(dg.RunsFilter(tags={TAG_WORK_UNIT: unit_id}), limit=1))
+
+
 def work_units_awaiting_retry(instance: dg.DagsterInstance) -> set[str]:
     """Work units whose latest attempt failed and that will be retried."""
     return _failed_work_units(instance, exhausted=False)
