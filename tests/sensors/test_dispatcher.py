@@ -452,3 +452,36 @@ def test_two_datacenters_cut_their_own_shares_and_skip_what_the_other_finished(t
     assert {f for f, _, _ in skipped.ranges} == {f for f in files if owner[f] == "dc1"}
     assert skipped.id not in [r.run_key for r in later.run_requests]
     assert json.loads(later.cursor)["waiting"] == {}
+
+
+def test_a_datacenter_back_from_an_outage_skips_what_the_other_joined_without_waiting_for_its_query_logs(
+        tmp_path, instance, registry):
+    """Pacing holds only the lines a datacenter joins itself: the ranges the other one finished while
+    it was down need no query, and are skipped at once while its query tailer still reads the outage's
+    query logs; its own new lines wait for the tailer's watermark, and nothing past them is recorded."""
+    second = 1_000_000
+    file = "w0/00000.jsonl"
+    for dc in ("dc1", "dc2"):
+        write_lines(tmp_path / "logs" / dc / "click" / file,
+                    [click(f"10.3.0.1:1:{t}", "10.1.0.1:7:1", t * second) for t in (100, 200, 300)])
+    outage_end = (tmp_path / "logs" / "dc2" / "click" / file).stat().st_size
+    # dc1 joined every line written while dc2 was down (its claim is done), then both are live.
+    registry.get().heartbeat("dc1", 60)
+    registry.get().claim_work("dc1", "click", [{"unit": "dc1.click.00000000", "ranges": [[file, 0, outage_end]]}])
+    assert registry.get().finish_work("dc1.click.00000000", pending=False) >= 1
+    registry.get().heartbeat("dc2", 60)
+    for dc in ("dc1", "dc2"):  # dc2's own new lines, past its query tailer's watermark (250 s)
+        write_lines(tmp_path / "logs" / dc / "click" / file, [click("10.3.0.1:1:900", "10.1.0.1:7:1", 900 * second)])
+    layout = DataLayout(tmp_path)
+    query_file = layout.stream_dir("dc2", "query") / "w" / "0.jsonl"
+    write_lines(query_file, [query("10.1.0.1:7:1", 1)])  # a query line its tailer has not read yet
+    EventTimeWatermark.add_pass(layout.watermark_file("dc2", "query_tail"), "tail.1", 21, [250 * second] * 21, 21,
+                                percentile=5, windows=4, max_passes=64)
+    QueryTail(offsets={}, part=1, updated_at=time.time()).save(layout.query_tail_file("dc2"))
+    # No grace: were the file dc1's preferred one, dc2 would not wait for it either.
+    settings = {"pacing_max_hold_seconds": 3600, "pacing_margin_seconds": 0, "takeover_grace_seconds": 0}
+    result = evaluate(partial(log_dispatcher, "dc2", "click", str(tmp_path)), instance, registry=registry, **settings)
+    log = WorkUnitLog.load(layout.work_unit_log("dc2", "click"))
+    assert [(u.skipped, u.ranges) for u in log.units] == [(True, ((file, 0, outage_end),))]
+    assert result.run_requests == []
+    assert json.loads(result.cursor)["held"][file][0] == outage_end
