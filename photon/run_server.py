@@ -38,7 +38,7 @@ from dagster._serdes import ConfigurableClassData
 
 from photon.run_processes import process_alive_since, run_process
 from resources.runtime.forking import freeze_before_fork
-from resources.runtime.priority import OFF_CLICK_PATH_NICE, lower_this_process, query_run_nice
+from resources.runtime.priority import lower_this_process
 
 SOCKET_ENV = "PHOTON_RUN_SERVER_SOCKET"
 log = logging.getLogger(__name__)
@@ -125,23 +125,14 @@ def _execute(run_id: str) -> int:
 
 def lower_if_off_click_path(run) -> None:
     """This run's process at the lower CPU priority of the work off the click path, unless it is a run
-    of the click path (new click lines, pending retries), or a query run of a datacenter that catches
-    up (resources/runtime/priority.py: query_run_nice): the other query runs, the aggregates refresh,
-    table maintenance and checks, recovery. In the forked child, before the run starts its threads."""
-    # Imported here, where the warm server has them already: the daemon and the webserver load this
+    of the click path (new click lines, pending retries): query runs, the aggregates refresh, table
+    maintenance and checks, recovery. In the forked child, before the run starts its threads."""
+    # Imported here, where the warm server has it already: the daemon and the webserver load this
     # module for its launcher and have no use for the pipeline's modules.
-    from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
-    from photon_assets.work_unit import TAG_DC
-    from resources.settings import pipeline_settings
-    from resources.state.layout import DATA_DIR_ENV, DataLayout
+    from photon_assets.jobs import JOIN_CLICKS_JOB
 
-    if run is None or run.job_name == JOIN_CLICKS_JOB:
-        return
-    nice = OFF_CLICK_PATH_NICE
-    if run.job_name == INGEST_QUERIES_JOB and TAG_DC in run.tags:
-        layout = DataLayout(Path(os.environ.get(DATA_DIR_ENV, "data")))
-        nice = query_run_nice(layout, [run.tags[TAG_DC]], pipeline_settings().catch_up_lag_seconds)
-    lower_this_process(nice)
+    if run is not None and run.job_name != JOIN_CLICKS_JOB:
+        lower_this_process()
 
 
 # How long a run child waits for its session's release before it exits anyway.

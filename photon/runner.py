@@ -43,7 +43,7 @@ from photon.tailers import QueryTailers
 from photon_assets.jobs import VERIFY_JOB
 from resources.id_registry import ADDRESS_ENV, registry_resource_from_env
 from resources.registry.work_claims import leases_held
-from resources.runtime.priority import OFF_CLICK_PATH_NICE, query_run_nice, set_this_thread
+from resources.runtime.priority import lower_this_thread
 from resources.runtime.repeating import repeated
 from resources.settings import pipeline_settings
 from resources.spark import spark_session
@@ -459,32 +459,22 @@ def click_pass_order(sensors: list) -> list:
     return [s for s in pass_order(sensors) if not off_the_click_path(s)]
 
 
-def query_pass_order(sensors: list) -> list:
-    """The off-click-path thread's first pass: the query dispatchers."""
-    return [s for s in pass_order(sensors) if s.name.startswith(PASS_ORDER[0])]
-
-
-def upkeep_pass_order(sensors: list) -> list:
-    """Its second: the aggregates refresher and table maintenance."""
-    return [s for s in pass_order(sensors) if off_the_click_path(s) and not s.name.startswith(PASS_ORDER[0])]
+def off_click_pass_order(sensors: list) -> list:
+    return [s for s in pass_order(sensors) if off_the_click_path(s)]
 
 
 @contextmanager
-def off_click_passes(context, layout: DataLayout, datacenters: list[str], log: logging.Logger):
+def off_click_passes(context, log: logging.Logger):
     """The sensors off the click path ticked on a thread of their own, their runs executed on it beside
     the main loop's click runs, on the same Spark session: the query tailers feed the memory tier, so
     no click run waits for a query run, an aggregates refresh or a table maintenance run. The thread
-    runs at a lower CPU priority than the click runs, but for the query dispatchers' pass while one of
-    the datacenters catches up (resources/runtime/priority.py: query_run_nice)."""
+    runs at a lower CPU priority than the click runs (resources/runtime/priority.py)."""
     runs_on_several_threads()
-    settings = pipeline_settings()
 
     def one_pass() -> None:
+        lower_this_thread()  # the pass's thread, from its first pass on
         try:
-            set_this_thread(query_run_nice(layout, datacenters, settings.catch_up_lag_seconds))
-            sensor_pass(context, log, query_pass_order, PASS_INTERVAL_SECONDS)
-            set_this_thread(OFF_CLICK_PATH_NICE)
-            sensor_pass(context, log, upkeep_pass_order, PASS_INTERVAL_SECONDS)
+            sensor_pass(context, log, off_click_pass_order, PASS_INTERVAL_SECONDS)
         except Exception:  # a tick's own errors are recorded as failed ticks; this is anything else
             log.exception("a pass of the sensors off the click path failed; the next one goes on")
 
@@ -520,7 +510,7 @@ def drain(d: Drain) -> None:
     """Sensor passes until IDLE_PASSES in a row launch nothing and nothing of these datacenters
     waits, and min_seconds have passed since the start. Stops when this process's own registry
     service exited: nothing would restart it, and every run would fail until the timeout."""
-    with off_click_passes(d.context, d.layout, d.datacenters, d.log.getChild("sensors")):
+    with off_click_passes(d.context, d.log.getChild("sensors")):
         _drain(d)
 
 

@@ -61,11 +61,6 @@ class PipelineSettings(dg.ConfigurableResource):
     # catch-up unit's worth waits), so that a run's fixed cost (~2.5 s of a warm session's time) is
     # paid for more lines: every 10 s, that was a quarter of a core at 10,000 queries/s.
     query_run_every_seconds: float = 30.0
-    # A datacenter whose clicks' watermark lags the clock by more than this catches up (back from an
-    # outage, a backlog): its query runs then run at the click path's CPU priority, not below it, since
-    # clicks whose queries the memory tier no longer holds wait for the durable tier they build
-    # (resources/runtime/priority.py). A live pipeline's lags by its latency and the clicks' disorder.
-    catch_up_lag_seconds: float = 60.0
     # The query tailer keeps what it parsed for the query runs, which build the durable tier from it
     # instead of parsing the lines again (resources/event_store/tail_segments.py), within this many
     # bytes of Parquet per datacenter (the oldest go first; a run that finds its lines gone parses them).

@@ -247,13 +247,8 @@ class SparkResource(LazyPySparkResource):
             if self.remote is None:
                 _prepare_local_process()
             session = self.spark_session
-        # A thread's tags last until removed: `photon run`'s off-click-path thread is raised back for
-        # the query runs of a datacenter that catches up, and its Spark work then untagged.
-        lowered, tagged = off_click_path(), OFF_CLICK_PATH_TAG in session.getTags()
-        if lowered and not tagged:
+        if off_click_path() and OFF_CLICK_PATH_TAG not in session.getTags():
             session.addTag(OFF_CLICK_PATH_TAG)
-        elif tagged and not lowered:
-            session.removeTag(OFF_CLICK_PATH_TAG)
         return session
 
     @contextmanager

@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import dagster as dg
 import pytest
@@ -129,34 +128,22 @@ def test_a_run_child_whose_spark_connect_server_hangs_exits_at_the_release_bound
 
 
 def test_a_run_child_off_the_click_path_runs_at_the_lower_cpu_priority(tmp_path):
-    """Each run is a process of its own: a click run keeps the server's priority, a query run of a
-    datacenter that catches up too (its clicks' watermark ten minutes behind the clock), any other run
-    (a query run of a live datacenter, the refresh, maintenance, checks) is lowered before it starts.
-    (In a new interpreter per run: a fork of the test's process, with its threads, is not what the run
-    server forks.)"""
+    """Each run is a process of its own: a click run keeps the server's priority, any other run (a
+    query run, the refresh, maintenance, checks) is lowered before it starts. (In a new interpreter
+    per run: a fork of the test's process, with its threads, is not what the run server forks.)"""
     from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
-    from photon_assets.work_unit import TAG_DC
     from resources.runtime.priority import OFF_CLICK_PATH_NICE
-    from resources.state.layout import DataLayout
-    from resources.state.sidecars import EventTimeWatermark, write_document
 
-    layout = DataLayout(tmp_path / "data")
-    for dc, behind_seconds in (("dc1", 5), ("dc2", 600)):
-        path = layout.watermark_file(dc, "click")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_document(path, EventTimeWatermark(watermark_us=int((time.time() - behind_seconds) * 1e6)).as_json())
     probe = ("import os, sys, dagster as dg; from photon.run_server import lower_if_off_click_path; "
              "instance = dg.DagsterInstance.get(); lower_if_off_click_path(instance.get_run_by_id(sys.argv[1])); "
              "print(os.getpriority(os.PRIO_PROCESS, 0))")
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    jobs = {"click": (JOIN_CLICKS_JOB, {TAG_DC: "dc1"}), "query, live": (INGEST_QUERIES_JOB, {TAG_DC: "dc1"}),
-            "query, catching up": (INGEST_QUERIES_JOB, {TAG_DC: "dc2"}), "maintenance": ("maintain_tables", {})}
     with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
-        runs = {kind: instance.create_run_for_job(dg.GraphDefinition(name).to_job(), tags=tags).run_id
-                for kind, (name, tags) in jobs.items()}
-        env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "PHOTON_DATA_DIR": str(layout.root)}
-        nice = {kind: int(subprocess.run([sys.executable, "-c", probe, run_id], env=env, capture_output=True,
+        runs = {name: instance.create_run_for_job(dg.GraphDefinition(name).to_job()).run_id
+                for name in (JOIN_CLICKS_JOB, INGEST_QUERIES_JOB, "maintain_tables")}
+        env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+        nice = {name: int(subprocess.run([sys.executable, "-c", probe, run_id], env=env, capture_output=True,
                                          text=True, check=True).stdout.split()[-1])
-                for kind, run_id in runs.items()}
+                for name, run_id in runs.items()}
     lowered = max(base, OFF_CLICK_PATH_NICE)
-    assert nice == {"click": base, "query, live": lowered, "query, catching up": base, "maintenance": lowered}
+    assert nice == {JOIN_CLICKS_JOB: base, INGEST_QUERIES_JOB: lowered, "maintain_tables": lowered}

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from resources import task_priority
-from resources.runtime.priority import NORMAL_NICE, OFF_CLICK_PATH_NICE, lower_this_thread, set_this_thread
+from resources.runtime.priority import OFF_CLICK_PATH_NICE, lower_this_thread
 from resources.spark import SparkResource, local_conf
 
 
@@ -82,19 +82,3 @@ def test_the_plugin_and_its_jvm_options_are_there_only_where_priorities_can_be_s
                    for option in task_priority.PRIORITY_OPTIONS)
         assert str(task_priority.plugin_jar()) in conf["spark.jars"]
 
-
-@pytest.mark.skipif(not task_priority.raising_permitted(), reason="this user cannot set a thread's priority back")
-def test_a_thread_raised_back_to_the_click_paths_priority_has_its_spark_work_untagged(spark):
-    """`photon run`'s off-click-path thread runs the query runs of a datacenter that catches up at the
-    normal priority (resources/runtime/priority.py: query_run_nice): its Spark work is untagged then."""
-    seen = []
-
-    def run() -> None:
-        for nice in (OFF_CLICK_PATH_NICE, NORMAL_NICE, OFF_CLICK_PATH_NICE):
-            set_this_thread(nice)
-            seen.append(task_priority.OFF_CLICK_PATH_TAG in SparkResource.local().session().getTags())
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    assert seen == [True, False, True]
