@@ -25,6 +25,6 @@ def test_a_query_work_unit_cut_whose_run_is_not_created_yet_is_work_to_come(tmp_
             "dc1: query work unit dc1.query.00000001 cut, its run not created yet"]
         run = instance.create_run_for_job(dg.GraphDefinition("ingest_queries").to_job(),
                                           tags={TAG_WORK_UNIT: "dc1.query.00000001"})
-        instance.report_run_canceled(run)  # finished: neither in flight nor cut-and-unrun
+        instance.report_run_canceled(run)  # a run exists (its retry counts as in flight, not as cut and unrun)
         waiting = dispatchers_waiting(instance, [], layout, ["dc1"])
         assert not any("cut, its run not created yet" in w for w in waiting), waiting

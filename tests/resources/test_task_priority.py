@@ -81,4 +81,3 @@ def test_the_plugin_and_its_jvm_options_are_there_only_where_priorities_can_be_s
         assert all((option in conf["spark.driver.extraJavaOptions"]) == permitted
                    for option in task_priority.PRIORITY_OPTIONS)
         assert str(task_priority.plugin_jar()) in conf["spark.jars"]
-
