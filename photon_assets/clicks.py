@@ -22,6 +22,8 @@ from photon_assets.work_unit import (
 )
 from resources.event_store.progress import QueryCache, QueryProgress, known_query_progress
 from resources.id_registry import IdRegistryResource
+from resources.registry.api import IdRegistry
+from resources.registry.ownership import divide_retry
 from resources.registry.shards import LOOKUP_SCHEMA
 from resources.runtime import faults
 from resources.settings import PipelineSettings
@@ -31,10 +33,10 @@ from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.event_store import DurableTiers, EventStore
 from spark_ops.beside import beside, settle_quietly
-from spark_ops.ingest import IngestStats, UnitOutput, line_stats, record_clicks, stage_lines
+from spark_ops.ingest import IngestStats, UnitOutput, ledger_clicks, line_stats, record_clicks, stage_lines
 from spark_ops.join import EVENT_STORE_COUNTS, ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
 from spark_ops.meter import PassMeter, metered
-from spark_ops.parse import events
+from spark_ops.parse import ByteRange, events
 from spark_ops.pending import PendingDigest, PendingPolicy, pending_retry_decision
 from spark_ops.tables import no_rows, read_table, row_count
 from spark_ops.validity import TimestampValidity
@@ -128,6 +130,8 @@ def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark
             "click_lines": ingest.events,
             "quarantined_lines": ingest.quarantined,
             "bytes_read": ingest.bytes_read,
+            # A retry's ranges that another datacenter finished while this one was down: not read again.
+            "bytes_finished_elsewhere": ingest.bytes_finished_elsewhere,
             "bytes_behind_log_heads": behind,
             **watermark_metadata(watermark),
         },
@@ -191,8 +195,8 @@ def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: Pendin
     }
 
 
-def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, settings: PipelineSettings,
-                tables: dict[str, str], policy: PendingPolicy, validity: TimestampValidity,
+def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, registry: IdRegistry,
+                settings: PipelineSettings, tables: dict[str, str], policy: PendingPolicy, validity: TimestampValidity,
                 staging: Path) -> tuple[JoinInput, IngestStats]:
     """A click run's clicks: its new lines, parsed, with the due pending clicks when query data for
     them arrived; or, for a pending-click run, those alone. The new lines' ledger append is started
@@ -200,10 +204,19 @@ def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, s
     pending_path = tables["pending_clicks"]
     if config.kind == PENDING:
         return JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due")), IngestStats()
-    parsed = stage_lines(session, "click", warehouse.stream_dir(config.dc, "click"), config.byte_ranges(),
+    ranges, recorded_before = config.byte_ranges(), None
+    if config.attempt > 1:
+        # A retry after an outage: the ranges another datacenter finished meanwhile are not parsed
+        # again; of their clicks, those this unit recorded in the ledger are looked up again.
+        retry = divide_retry(registry, config.dc, [(r.file, r.start, r.end) for r in ranges])
+        ranges = [ByteRange(*r) for r in retry.read]
+        recorded_before = ledger_clicks(session, tables["click_ledger"], config.work_unit,
+                                        [ByteRange(*r) for r in retry.finished])
+    parsed = stage_lines(session, "click", warehouse.stream_dir(config.dc, "click"), ranges,
                          settings.max_line_bytes, staging / "lines")
     ingest = line_stats(staging / "lines", latest_valid_us=validity.latest_valid_us, watermark_us=EventTimeWatermark.load(
         warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
+    ingest.bytes_finished_elsewhere = sum(r.end - r.start for r in config.byte_ranges()) - sum(r.end - r.start for r in ranges)
     # Pending clicks that query data arrived for are retried here rather than by a run of
     # their own: a live pass then pays one click run's fixed cost, not two.
     retrying = pending_retry_decision(
@@ -214,7 +227,8 @@ def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, s
     # Started last, so that nothing here can fail with it under way (join_pass guards the rest).
     output = UnitOutput(config.dc, config.work_unit, config.attempt, tables)
     recorded = beside(session, partial(record_clicks, parsed, ingest, output), f"{config.work_unit}-ledger")
-    return JoinInput(events(parsed), due, recorded), ingest
+    clicks = events(parsed) if recorded_before is None else events(parsed).unionByName(recorded_before)
+    return JoinInput(clicks, due, recorded), ingest
 
 
 def join_pass(
@@ -237,7 +251,8 @@ def join_pass(
     pending_path = tables["pending_clicks"]
     work = None
     try:
-        work, ingest = _join_input(config, session, warehouse, settings, tables, policy, validity, staging)
+        work, ingest = _join_input(config, session, warehouse, registry.get(), settings, tables, policy, validity,
+                                   staging)
         meter.phase("parse")
         unit = ClickPass(session, registry.get(), event_store(session, tables, warehouse, config.dc, settings), policy,
                          config.token, config.attempt, config.dc, staging, tables, adapter=load_adapter(settings.adapter),

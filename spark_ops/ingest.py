@@ -35,8 +35,8 @@ from spark_ops.parse import (
     quarantined,
 )
 from spark_ops.registry_calls import QueryPut
-from spark_ops.schemas import PARSED, with_run_values
-from spark_ops.tables import append_once
+from spark_ops.schemas import CLICK_FIELDS, PARSED, SOURCE_FIELDS, with_run_values
+from spark_ops.tables import append_once, read_table
 
 MAP_KEYS = ["file", "server_ip", "process_id"]
 
@@ -56,6 +56,7 @@ class IngestStats:
     # Per query writer (`server_ip:process_id`) in these lines: its oldest and newest timestamp.
     writers: dict[str, tuple[int, int]] = field(default_factory=dict)
     parsed_by_the_tailer: bool = False  # staged from the query tailer's segments (stage_queries)
+    bytes_finished_elsewhere: int = 0  # a retried click unit's bytes another datacenter finished: not parsed
 
 
 def stage_lines(spark: SparkSession, stream: str, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int,
@@ -192,6 +193,22 @@ def record_clicks(parsed: DataFrame, stats: IngestStats, unit: UnitOutput) -> No
     rows beside the join: the join's wait for it before the registry commit stayed 0.3-1.8 s."""
     unit.append(unit.with_unit(events(parsed)).coalesce(1), "click_ledger")
     _quarantine(parsed, stats, "click", unit)
+
+
+def ledger_clicks(spark: SparkSession, path: str, work_unit: str, ranges: list[ByteRange]) -> DataFrame | None:
+    """The clicks a work unit's earlier attempt recorded in the ledger within `ranges` (None: no
+    range), as its parse staged them (`events`). A retry looks these up instead of parsing the
+    ranges another datacenter finished: they hold every id the unit may have registered, since a unit
+    commits its ledger rows before any registry commit (spark_ops/join.py). None recorded: the unit
+    registered nothing, and the other datacenter resolved every click there."""
+    if not ranges:
+        return None
+    within = None
+    for r in ranges:
+        piece = (F.col("file") == r.file) & (F.col("offset") >= r.start) & (F.col("offset") < r.end)
+        within = piece if within is None else within | piece
+    ledger = read_table(spark, "click_ledger", path).where((F.col("work_unit") == work_unit) & within)
+    return ledger.select(*[f.name for f in CLICK_FIELDS + SOURCE_FIELDS])
 
 
 def _quarantine(parsed: DataFrame, stats: IngestStats, stream: str, unit: UnitOutput) -> None:

@@ -18,6 +18,10 @@ that comes back gets its share back. A dispatcher, walking a file's new bytes fr
   lets one of them win each click.
 
 A file's recorded ranges stay contiguous: the walk stops at the first byte it waits on.
+
+A unit retried after its datacenter came back (`retry_share`) reads again only the bytes no other
+datacenter finished meanwhile; of the rest it looks up the clicks it recorded in its ledger, the
+only ones it may have registered (spark_ops/ingest.py: ledger_clicks).
 """
 
 from __future__ import annotations
@@ -43,13 +47,26 @@ class Share:
     taken_over: dict[str, int] = field(default_factory=dict)  # datacenter -> bytes cut of its share
 
 
+def finished_by_another(claim: dict, dc: str, died: set[str]) -> bool:
+    """Whether another datacenter finished this claim's range: its clicks are joined, unjoinable or
+    pending there, or registered by a unit of another datacenter (this one's retry finds those in
+    its ledger). A range left pending by a datacenter that died counts as unfinished: nothing may
+    wait on it."""
+    return claim["dc"] != dc and (claim["state"] == DONE or (claim["state"] == DONE_PENDING and claim["dc"] not in died))
+
+
+def died_datacenters(leases: dict[str, float | None]) -> set[str]:
+    """The datacenters whose lease expired (the others are live, or released theirs and stopped)."""
+    return {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left <= 0}
+
+
 def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[str, float],
                waiting_before: dict[str, list], grace_seconds: float, now: float) -> Share:
     """Splits this datacenter's new `ranges` (one per file, from its own offsets) by ownership.
     `claims`: every datacenter's claims on those files (resources/registry/work_claims.py); `leases`: every
     datacenter's seconds of lease left (negative: expired, it died; None: released, it stopped)."""
     live = {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left > 0}
-    died = {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left <= 0}
+    died = died_datacenters(leases)
     members = set(leases) | {dc}
     share = Share()
     for file, start, end in ranges:
@@ -60,7 +77,7 @@ def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[st
             covering = next((c for c in others if c["start"] <= pos < c["end"]), None)
             if covering is not None:
                 stop, holder = min(covering["end"], end), covering["dc"]
-                if covering["state"] == DONE or (covering["state"] == DONE_PENDING and holder not in died):
+                if finished_by_another(covering, dc, died):
                     share.skipped.append((file, pos, stop))
                     pos = stop
                     continue
@@ -83,6 +100,47 @@ def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[st
             share.cut.append((file, pos, stop))
             pos = stop
     return share
+
+
+@dataclass
+class RetryShare:
+    """A retried click unit's ranges split by what the other datacenters did meanwhile."""
+
+    read: list[Range] = field(default_factory=list)  # parsed again
+    finished: list[Range] = field(default_factory=list)  # finished by another: only the unit's ledger clicks there
+
+
+def retry_share(dc: str, ranges: list[Range], claims: list[dict], leases: dict[str, float | None]) -> RetryShare:
+    """Splits a retried unit's `ranges` at the ranges other datacenters finished (`finished_by_another`)
+    since it was cut, typically while this datacenter was down and another took its claims over.
+    Claims' ranges start and end at line ends, as the ranges do: the pieces are whole lines."""
+    died = died_datacenters(leases)
+    share = RetryShare()
+    for file, start, end in ranges:
+        done = sorted((max(c["start"], start), min(c["end"], end)) for c in claims
+                      if c["file"] == file and c["start"] < end and c["end"] > start and finished_by_another(c, dc, died))
+        pos = start
+        for low, high in done:
+            if low > pos:
+                share.read.append((file, pos, low))
+            if high <= pos:
+                continue
+            last = share.finished[-1] if share.finished else None
+            if last is not None and last[0] == file and last[2] >= low:  # overlapping or adjacent claims: one piece
+                share.finished[-1] = (file, last[1], high)
+            else:
+                share.finished.append((file, max(low, pos), high))
+            pos = high
+        if pos < end:
+            share.read.append((file, pos, end))
+    return share
+
+
+def divide_retry(registry, dc: str, ranges: list[Range]) -> RetryShare:
+    """A retried click unit's ranges split by the claims and leases in the registry (`retry_share`)."""
+    leases = registry.heartbeat(None, 0)
+    claims = registry.work_claims("click", sorted({file for file, _, _ in ranges}))
+    return retry_share(dc, ranges, claims, leases)
 
 
 def shared_among_datacenters(stream: str, replicas: list[str]) -> bool:

@@ -184,6 +184,42 @@ def test_a_click_run_also_retries_the_pending_clicks_its_queries_arrived_for(dat
         assert second["pending_clicks_in_dc"] == 1 and second["dagster/row_count"] == 2
 
 
+def test_a_retry_after_an_outage_reads_only_what_the_other_datacenter_did_not_finish(data_dir, monkeypatch):
+    """dc1's click unit registers its clicks and dies before its output; dc2 takes the first half of
+    its range over meanwhile (finding those clicks registered by dc1's token, it finishes the range
+    with nothing to write). dc1's retry parses only the second half and looks up the first half's
+    clicks in its ledger: every click is written once, by the retry."""
+    logs = data_dir / "logs" / "dc1"
+    queries = write_lines(logs / "query" / "w" / "0.jsonl", [query(f"10.1.0.1:1:{i}", i) for i in range(1, 5)])
+    click_file = logs / "click" / "w" / "0.jsonl"
+    write_lines(click_file, [click(f"10.3.0.1:1:{i}", f"10.1.0.1:1:{i}", 10 + i) for i in (1, 2)])
+    half = click_file.stat().st_size
+    write_lines(click_file, [click(f"10.3.0.1:1:{i}", f"10.1.0.1:1:{i}", 10 + i) for i in (3, 4)])
+    size = click_file.stat().st_size
+    config = unit("join_clicks", "dc1.click.00000000", click_file)
+    with dg.instance_for_test() as instance:
+        assert materialize(data_dir, instance, QUERY_UNIT, unit("ingest_query_logs", "dc1.query.00000000", queries)).success
+        monkeypatch.setenv("PHOTON_FAULT", "after_registry_commit:raise")
+        assert not materialize(data_dir, instance, CLICK_UNIT, config, raise_on_error=False).success
+        monkeypatch.delenv("PHOTON_FAULT")
+        registry = IdRegistryResource(data_dir=str(data_dir)).get()
+        assert registry.lookup(deltalake.DeltaTable(str(data_dir / "warehouse" / "click_ledger")).to_pyarrow_table(
+            columns=["click_id", "timestamp_us"]))["token"].to_pylist() == ["dc1.click.00000000"] * 4
+        registry.claim_work("dc2", "click", [{"unit": "dc2.click.00000007", "ranges": [["w/0.jsonl", 0, half]]}])
+        registry.finish_work("dc2.click.00000007", pending=False)
+
+        config["ops"]["join_clicks"]["config"]["attempt"] = 2
+        retried = materialize(data_dir, instance, CLICK_UNIT, config)
+        ledger, joined = metadata(retried, "click_ledger"), metadata(retried, "joined_clicks")
+        assert (ledger["bytes_finished_elsewhere"], ledger["bytes_read"], ledger["click_lines"]) == (half, size - half, 2)
+        assert (joined["clicks_looked_up"], joined["clicks_joined"], joined["dagster/row_count"]) == (4, 4, 4)
+        assert all(e.passed for e in retried.get_asset_check_evaluations())
+        ids = deltalake.DeltaTable(str(data_dir / "warehouse" / "joined_clicks")).to_pyarrow_table(columns=["click_id"])
+        assert sorted(ids["click_id"].to_pylist()) == [f"10.3.0.1:1:{i}" for i in range(1, 5)]
+        # The ledger keeps the first attempt's rows, once.
+        assert metadata(retried, "click_ledger")["dagster/row_count"] == 4
+
+
 def test_the_aggregates_check_compares_with_the_version_the_last_refresh_names(data_dir):
     """click_aggregates is refreshed off the click path: a refresh that has not run yet is a lag the
     check reports, not a failure; a value that is not the aggregation of joined_clicks fails it."""

@@ -1,4 +1,4 @@
-from resources.registry.ownership import preferred_dc, share_work
+from resources.registry.ownership import preferred_dc, retry_share, share_work
 
 
 BOTH = {"dc1": 10.0, "dc2": 10.0}  # leases: seconds left
@@ -75,3 +75,21 @@ def test_own_claims_do_not_count_and_a_lone_datacenter_owns_everything():
     files = [f"w/{i:05d}.jsonl" for i in range(20)]
     share = share_work("dc1", [(f, 0, 10) for f in files], [claim("dc1", files[0], 0, 10)], {}, {}, 120, now=0.0)
     assert share.cut == [(f, 0, 10) for f in files] and share.taken_over == {}
+
+
+def test_a_retry_reads_again_only_what_no_other_datacenter_finished():
+    claims = [claim("dc1", "a", 0, 300, unit="mine"),  # the retried unit's own claim: not a reason to skip
+              claim("dc2", "a", 100, 200, "done"), claim("dc2", "a", 150, 250, "done"),  # overlapping takeovers
+              claim("dc2", "b", 0, 50, "claimed"),  # under way: not finished
+              claim("dc2", "b", 50, 80, "done_pending"), claim("dc2", "c", 0, 40, "done_pending")]
+    ranges = [("a", 0, 300), ("b", 0, 100), ("c", 0, 40)]
+    share = retry_share("dc1", ranges, claims, BOTH)
+    assert share.read == [("a", 0, 100), ("a", 250, 300), ("b", 0, 50), ("b", 80, 100)]
+    assert share.finished == [("a", 100, 250), ("b", 50, 80), ("c", 0, 40)]
+    # Pending clicks of a datacenter that died wait on nobody: those ranges are read again.
+    gone = retry_share("dc1", ranges, claims, DC2_GONE)
+    assert gone.read == [("a", 0, 100), ("a", 250, 300), ("b", 0, 100), ("c", 0, 40)]
+    assert gone.finished == [("a", 100, 250)]
+    # A claim reaching past the unit's range covers only the unit's part.
+    assert retry_share("dc1", [("a", 120, 180)], claims, BOTH).finished == [("a", 120, 180)]
+    assert retry_share("dc1", [("d", 0, 10)], claims, BOTH).read == [("d", 0, 10)]
