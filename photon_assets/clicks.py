@@ -226,7 +226,10 @@ def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, r
     due = policy.due(session, pending_path, config.dc, staging / "due") if retrying else None
     # Started last, so that nothing here can fail with it under way (join_pass guards the rest).
     output = UnitOutput(config.dc, config.work_unit, config.attempt, tables)
-    recorded = beside(session, partial(record_clicks, parsed, ingest, output), f"{config.work_unit}-ledger")
+    # No line parsed (a retry whose bytes another datacenter finished): nothing to record, and a retry's
+    # look for its rows in the ledger, then an empty commit, would cost two Spark actions.
+    recorded = (beside(session, partial(record_clicks, parsed, ingest, output), f"{config.work_unit}-ledger")
+                if ingest.lines else None)
     clicks = events(parsed) if recorded_before is None else events(parsed).unionByName(recorded_before)
     return JoinInput(clicks, due, recorded), ingest
 

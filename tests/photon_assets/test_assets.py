@@ -219,6 +219,26 @@ def test_a_retry_after_an_outage_reads_only_what_the_other_datacenter_did_not_fi
         # The ledger keeps the first attempt's rows, once.
         assert metadata(retried, "click_ledger")["dagster/row_count"] == 4
 
+        # A unit whose whole range dc2 finished, retried after its output was written: nothing parsed,
+        # nothing recorded again, nothing written twice.
+        start = click_file.stat().st_size
+        write_lines(click_file, [click(f"10.3.0.1:1:{i}", f"10.1.0.1:1:{i % 4 + 1}", 20 + i) for i in (5, 6)])
+        second = unit("join_clicks", "dc1.click.00000001", click_file)
+        second["ops"]["join_clicks"]["config"]["ranges"][0]["start"] = start
+        monkeypatch.setenv("PHOTON_FAULT", "after_output_write:raise")
+        assert not materialize(data_dir, instance, CLICK_UNIT, second, raise_on_error=False).success
+        monkeypatch.delenv("PHOTON_FAULT")
+        registry.claim_work("dc2", "click", [{"unit": "dc2.click.00000008", "ranges": [["w/0.jsonl", start, click_file.stat().st_size]]}])
+        registry.finish_work("dc2.click.00000008", pending=False)
+        second["ops"]["join_clicks"]["config"]["attempt"] = 2
+        again = materialize(data_dir, instance, CLICK_UNIT, second)
+        ledger, joined = metadata(again, "click_ledger"), metadata(again, "joined_clicks")
+        assert (ledger["click_lines"], ledger["bytes_read"], ledger["dagster/row_count"]) == (0, 0, 6)
+        assert ledger["bytes_finished_elsewhere"] == click_file.stat().st_size - start
+        assert (joined["clicks_looked_up"], joined["clicks_joined"], joined["dagster/row_count"]) == (2, 2, 6)
+        assert joined.get("delta_commits_click_ledger", 0) == 0
+        assert all(e.passed for e in again.get_asset_check_evaluations())
+
 
 def test_the_aggregates_check_compares_with_the_version_the_last_refresh_names(data_dir):
     """click_aggregates is refreshed off the click path: a refresh that has not run yet is a lag the
