@@ -3,7 +3,6 @@
 
 import time
 from functools import partial
-from pathlib import Path
 
 import dagster as dg
 import pydantic
@@ -196,12 +195,12 @@ def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: Pendin
 
 
 def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, registry: IdRegistry,
-                settings: PipelineSettings, tables: dict[str, str], policy: PendingPolicy, validity: TimestampValidity,
-                staging: Path) -> tuple[JoinInput, IngestStats]:
+                settings: PipelineSettings, tables: dict[str, str], policy: PendingPolicy,
+                validity: TimestampValidity) -> tuple[JoinInput, IngestStats]:
     """A click run's clicks: its new lines, parsed, with the due pending clicks when query data for
     them arrived; or, for a pending-click run, those alone. The new lines' ledger append is started
     here, beside the join (`JoinInput.recorded`), which waits for it before its registry commit."""
-    pending_path = tables["pending_clicks"]
+    pending_path, staging = tables["pending_clicks"], warehouse.staging_dir(config.work_unit, config.attempt)
     if config.kind == PENDING:
         return JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due")), IngestStats()
     ranges, recorded_before = config.byte_ranges(), None
@@ -254,8 +253,7 @@ def join_pass(
     pending_path = tables["pending_clicks"]
     work = None
     try:
-        work, ingest = _join_input(config, session, warehouse, registry.get(), settings, tables, policy, validity,
-                                   staging)
+        work, ingest = _join_input(config, session, warehouse, registry.get(), settings, tables, policy, validity)
         meter.phase("parse")
         unit = ClickPass(session, registry.get(), event_store(session, tables, warehouse, config.dc, settings), policy,
                          config.token, config.attempt, config.dc, staging, tables, adapter=load_adapter(settings.adapter),
