@@ -19,7 +19,8 @@
    dc1 finished without reading them. `catch_up_speedup`: dc1's time over dc2's. Then dc2 once more
    with nothing to do: the floor of any catch-up (`catch_up_speedup_ceiling`).
 4. A live outage (`live_outage`): `photon gen --follow` at `--rate` clicks/s into both replicas, a
-   `photon run` per datacenter; dc2's is SIGKILLed after `--outage-after` seconds and started again
+   `photon run` per datacenter; dc2's is SIGKILLed after `--outage-after` seconds, at the first moment
+   one of its click runs is under way (`interrupted_click_run`), and started again
    `--outage-seconds` later, while its logs kept arriving (dc1 takes its share over meanwhile). The
    backlog is the click lines dc2's logs received while it was down; dc2 has caught up when its
    dispatcher has cut (or skipped, as done by dc1) every byte its click logs held when it came back,
@@ -96,6 +97,22 @@ def kill_datacenter(process: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     process.communicate()
+
+
+def kill_during_click_run(data: Path, process: subprocess.Popen, dc: str, timeout_s: float = 60.0) -> str | None:
+    """`kill_datacenter` while one of `dc`'s click runs is under way (its staging directory exists), so
+    that every outage interrupts a click unit, whose retry the catch-up then waits for: the same hard
+    case in every run, not wherever the clock lands. Returns that unit's staging directory's name (None:
+    no click run within `timeout_s`; killed anyway)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        under_way = sorted((data / "staging").glob(f"{dc}.click.*.a*"))
+        if under_way:
+            kill_datacenter(process)
+            return under_way[0].name
+        time.sleep(0.02)
+    kill_datacenter(process)
+    return None
 
 
 def stop_runs() -> None:
@@ -306,7 +323,7 @@ def live_outage(work: Path, seed: int, rate: float, before: float, outage: float
         time.sleep(max(0.0, before - (time.monotonic() - started)))
         if dc2.poll() is not None:
             raise SystemExit(f"dc2 ended before its outage: {stderr_tail(dc2)}")
-        kill_datacenter(dc2)
+        interrupted = kill_during_click_run(data, dc2, "dc2")
         down = click_sizes(data, "dc2")
         time.sleep(outage)
         back = click_sizes(data, "dc2")
@@ -329,6 +346,7 @@ def live_outage(work: Path, seed: int, rate: float, before: float, outage: float
     per_second = backlog / catch_up_seconds
     return {
         "rate_clicks_per_second": rate, "outage_seconds": outage, "backlog_clicks": backlog,
+        "interrupted_click_run": interrupted,
         "catch_up_seconds": round(catch_up_seconds, 2), "catch_up_clicks_per_second": round(per_second, 1),
         "catch_up_rate_multiple": round(per_second / rate, 2), "datacenters": rows,
         "no_click_twice": len(ids) == len(set(ids)),
