@@ -49,9 +49,8 @@ class Share:
 
 def finished_by_another(claim: dict, dc: str, died: set[str]) -> bool:
     """Whether another datacenter finished this claim's range: its clicks are joined, unjoinable or
-    pending there, or registered by a unit of another datacenter (this one's retry finds those in
-    its ledger). A range left pending by a datacenter that died counts as unfinished: nothing may
-    wait on it."""
+    pending there, or were found registered by a unit of `dc` (whose retry finds them in its ledger).
+    A range left pending by a datacenter that died counts as unfinished: nothing may wait on it."""
     return claim["dc"] != dc and (claim["state"] == DONE or (claim["state"] == DONE_PENDING and claim["dc"] not in died))
 
 
