@@ -203,19 +203,18 @@ def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, r
     pending_path, staging = tables["pending_clicks"], warehouse.staging_dir(config.work_unit, config.attempt)
     if config.kind == PENDING:
         return JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due")), IngestStats()
-    ranges, recorded_before = config.byte_ranges(), None
+    ranges, recorded_before, finished = config.byte_ranges(), None, []
     if config.attempt > 1:
         # A retry after an outage: the ranges another datacenter finished meanwhile are not parsed
         # again; of their clicks, those this unit recorded in the ledger are looked up again.
         retry = divide_retry(registry, config.dc, [(r.file, r.start, r.end) for r in ranges])
-        ranges = [ByteRange(*r) for r in retry.read]
-        recorded_before = ledger_clicks(session, tables["click_ledger"], config.work_unit,
-                                        [ByteRange(*r) for r in retry.finished])
+        ranges, finished = [ByteRange(*r) for r in retry.read], [ByteRange(*r) for r in retry.finished]
+        recorded_before = ledger_clicks(session, tables["click_ledger"], config.work_unit, finished)
     parsed = stage_lines(session, "click", warehouse.stream_dir(config.dc, "click"), ranges,
                          settings.max_line_bytes, staging / "lines")
     ingest = line_stats(staging / "lines", latest_valid_us=validity.latest_valid_us, watermark_us=EventTimeWatermark.load(
         warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
-    ingest.bytes_finished_elsewhere = sum(r.end - r.start for r in config.byte_ranges()) - sum(r.end - r.start for r in ranges)
+    ingest.bytes_finished_elsewhere = sum(r.end - r.start for r in finished)
     # Pending clicks that query data arrived for are retried here rather than by a run of
     # their own: a live pass then pays one click run's fixed cost, not two.
     retrying = pending_retry_decision(

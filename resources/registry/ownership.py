@@ -54,9 +54,11 @@ def finished_by_another(claim: dict, dc: str, died: set[str]) -> bool:
     return claim["dc"] != dc and (claim["state"] == DONE or (claim["state"] == DONE_PENDING and claim["dc"] not in died))
 
 
-def died_datacenters(leases: dict[str, float | None]) -> set[str]:
-    """The datacenters whose lease expired (the others are live, or released theirs and stopped)."""
-    return {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left <= 0}
+def lease_states(leases: dict[str, float | None]) -> tuple[set[str], set[str]]:
+    """The datacenters whose lease holds (live) and those whose lease expired (died); the others
+    released theirs and stopped."""
+    held = {name: seconds_left > 0 for name, seconds_left in leases.items() if seconds_left is not None}
+    return {name for name, live in held.items() if live}, {name for name, live in held.items() if not live}
 
 
 def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[str, float],
@@ -64,8 +66,7 @@ def share_work(dc: str, ranges: list[Range], claims: list[dict], leases: dict[st
     """Splits this datacenter's new `ranges` (one per file, from its own offsets) by ownership.
     `claims`: every datacenter's claims on those files (resources/registry/work_claims.py); `leases`: every
     datacenter's seconds of lease left (negative: expired, it died; None: released, it stopped)."""
-    live = {name for name, seconds_left in leases.items() if seconds_left is not None and seconds_left > 0}
-    died = died_datacenters(leases)
+    live, died = lease_states(leases)
     members = set(leases) | {dc}
     share = Share()
     for file, start, end in ranges:
@@ -113,7 +114,7 @@ def retry_share(dc: str, ranges: list[Range], claims: list[dict], leases: dict[s
     """Splits a retried unit's `ranges` at the ranges other datacenters finished (`finished_by_another`)
     since it was cut, typically while this datacenter was down and another took its claims over.
     Claims' ranges start and end at line ends, as the ranges do: the pieces are whole lines."""
-    died = died_datacenters(leases)
+    _, died = lease_states(leases)
     share = RetryShare()
     for file, start, end in ranges:
         done = sorted((max(c["start"], start), min(c["end"], end)) for c in claims
