@@ -113,9 +113,8 @@ MAINTENANCE_CONF = {
 }
 
 
-def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR, collector: str = "") -> dict[str, str]:
-    """The settings of the JVM that runs the pipeline: a local session's or the Connect server's
-    (`collector`: its garbage collector unless PHOTON_JVM_OPTIONS names one; see jvm_options)."""
+def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR) -> dict[str, str]:
+    """The settings of the JVM that runs the pipeline: a local session's or the Connect server's."""
     return {
         "spark.jars": ",".join(delta_jars(jars_dir)),
         **LOG_STORE_CONF,
@@ -147,12 +146,20 @@ def delta_conf(shuffle_partitions: int = 4, jars_dir: Path = DEFAULT_JARS_DIR, c
         # (~0.1 s a task).
         "spark.python.daemon.module": "spark_ops.worker_daemon",
         **plugin_conf(),
-        **jvm_options(collector),
+        **jvm_options(),
     }
 
 
 # A JVM option choosing the garbage collector (-XX:+UseSerialGC, -XX:+UseG1GC, ...).
 COLLECTOR_OPTION = re.compile(r"-XX:\+Use\w+GC\b")
+# The pipeline's JVMs' garbage collector, unless PHOTON_JVM_OPTIONS names one: the serial collector,
+# which grows its old generation only when a full collection leaves too little free. Java's default,
+# G1, grew each long-lived pipeline JVM into its whole 2 GiB heap: the Connect server of a live
+# `photon up` to 2.18 GiB of PSS, against 1.19 GiB with this one (2026-11-30); `photon run`'s local
+# session to 2.37 GiB, against 1.37 GiB with this one (the whole run's peak 4.28 against 3.34 GiB,
+# 2026-12-02); the latency unchanged both times (docs/STACK.md; benchmarks/README.md, issue 42
+# rounds twenty-three and twenty-seven).
+COLLECTOR = "-XX:+UseSerialGC"
 # How the JIT compiles, unless PHOTON_JVM_OPTIONS says (any tiered-compilation option): C2 compiles
 # a method once it ran ten times as often as Java's default asks. On two slow cores the one C2 thread
 # could not keep up with what the pipeline warms (Spark's planning, Delta's commits, Janino, Parquet):
@@ -171,14 +178,13 @@ ARROW_OPTION = re.compile(r"-Darrow\.")
 ARROW_OPTIONS = ["-Darrow.enable_unsafe_memory_access=true", "-Darrow.enable_null_check_for_get=false"]
 
 
-def jvm_options(collector: str = "") -> dict[str, str]:
+def jvm_options() -> dict[str, str]:
     """PHOTON_JVM_OPTIONS and the class archive (resources/class_archive.py) for the driver, and for
-    executors where they are JVMs of their own (a standalone cluster's); before them, `collector` (an
-    option such as `-XX:+UseSerialGC`), JIT_OPTIONS and ARROW_OPTIONS, each unless PHOTON_JVM_OPTIONS
-    has one of its own, and the mapping of thread priorities where the task priority plugin is loaded
-    (resources/task_priority.py)."""
+    executors where they are JVMs of their own (a standalone cluster's); before them, COLLECTOR,
+    JIT_OPTIONS and ARROW_OPTIONS, each unless PHOTON_JVM_OPTIONS has one of its own, and the mapping
+    of thread priorities where the task priority plugin is loaded (resources/task_priority.py)."""
     user_options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
-    chosen = [] if not collector or COLLECTOR_OPTION.search(user_options) else [collector]
+    chosen = [] if COLLECTOR_OPTION.search(user_options) else [COLLECTOR]
     chosen += [] if JIT_OPTION.search(user_options) else JIT_OPTIONS
     chosen += [] if ARROW_OPTION.search(user_options) else ARROW_OPTIONS
     chosen += priority_options()

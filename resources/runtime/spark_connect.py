@@ -26,19 +26,10 @@ DRIVER = Path(__file__).with_name("connect_driver.py")
 SERVER_MARKER = "photon-connect"
 
 
-# The Connect server's garbage collector, unless PHOTON_JVM_OPTIONS names one: the serial collector.
-# Java's default, G1, grew a live `photon up`'s server into its whole 2 GiB heap (2.18 GiB of PSS at
-# the peak of 15 minutes at 1,000 clicks/s); the serial collector, which grows its old generation only
-# when a full collection leaves too little free, held it at 1.19 GiB (a heap of at most ~190 MB young
-# and 425 MB old, 130-400 MB of the old in use), the latency unchanged (docs/STACK.md; benchmarks/
-# README.md, issue 42 round twenty-three).
-SERVER_COLLECTOR = "-XX:+UseSerialGC"
-
-
 def server_command(port: int, master: str = "local[2]", driver_memory: str = DRIVER_MEMORY, shuffle_partitions: int = 4,
                    host: str = "127.0.0.1") -> list[str]:
     conf = {
-        **delta_conf(shuffle_partitions, collector=SERVER_COLLECTOR),
+        **delta_conf(shuffle_partitions),
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(port),
         "spark.driver.host": host,

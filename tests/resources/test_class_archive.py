@@ -5,8 +5,8 @@ from pathlib import Path
 
 from resources import class_archive
 from resources.class_archive import archive_options, archive_path
-from resources.runtime.spark_connect import SERVER_COLLECTOR, server_command
-from resources.spark import ARROW_OPTIONS, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
+from resources.runtime.spark_connect import server_command
+from resources.spark import ARROW_OPTIONS, COLLECTOR, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
 from resources.task_priority import priority_options
 
 DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
@@ -16,21 +16,21 @@ def test_the_archive_reaches_both_modes_only_when_it_exists_and_sharing_is_not_d
     monkeypatch.setattr(class_archive, "ARCHIVE_DIR", tmp_path)
     monkeypatch.delenv(JVM_OPTIONS_ENV, raising=False)
     assert archive_options("") == []
-    assert local_conf()["spark.driver.extraJavaOptions"] == DEFAULTS
+    assert local_conf()["spark.driver.extraJavaOptions"] == f"{COLLECTOR} {DEFAULTS}"
 
     archive_path().write_bytes(b"")
     option = " ".join(archive_options(""))
     assert f"-XX:SharedArchiveFile={tmp_path / archive_path().name}" in option
-    assert local_conf()["spark.driver.extraJavaOptions"] == f"{DEFAULTS} {option}"
-    assert f"spark.driver.extraJavaOptions={SERVER_COLLECTOR} {DEFAULTS} {option}" in server_command(15002)
+    assert local_conf()["spark.driver.extraJavaOptions"] == f"{COLLECTOR} {DEFAULTS} {option}"
+    assert f"spark.driver.extraJavaOptions={COLLECTOR} {DEFAULTS} {option}" in server_command(15002)
 
-    monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:+UseSerialGC")
-    assert local_conf()["spark.driver.extraJavaOptions"] == f"{DEFAULTS} -XX:+UseSerialGC {option}"
+    monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:+UseG1GC")  # the user's collector replaces the default one
+    assert local_conf()["spark.driver.extraJavaOptions"] == f"{DEFAULTS} -XX:+UseG1GC {option}"
     # The user's own choice of sharing wins, and the training run's dump never maps an archive.
     for decided in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa", "-XX:ArchiveClassesAtExit=/new.jsa"):
         assert archive_options(decided) == []
     monkeypatch.setenv(JVM_OPTIONS_ENV, "-Xshare:off")
-    assert local_conf()["spark.driver.extraJavaOptions"] == f"{DEFAULTS} -Xshare:off"
+    assert local_conf()["spark.driver.extraJavaOptions"] == f"{COLLECTOR} {DEFAULTS} -Xshare:off"
 
 
 def test_the_archive_is_named_after_the_java_pyspark_and_jars_it_was_made_with(tmp_path, monkeypatch):

@@ -1,27 +1,26 @@
 """The settings of the JVM that runs the pipeline reach it the same way in both Spark modes."""
 
 from resources import class_archive
-from resources.runtime.spark_connect import SERVER_COLLECTOR, server_command
-from resources.spark import ARROW_OPTIONS, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
+from resources.runtime.spark_connect import server_command
+from resources.spark import ARROW_OPTIONS, COLLECTOR, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
 from resources.task_priority import priority_options
 
-DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
+DEFAULTS = " ".join([COLLECTOR, *JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
 
 
 def test_jvm_options_from_the_environment_reach_the_driver_and_executors_in_both_modes(tmp_path, monkeypatch):
-    """Both modes' JVMs get the JIT's thresholds and Arrow's unchecked access unless the options say
-    otherwise; the Connect server's runs the serial collector unless the options name another one, a
-    local session keeps Java's default."""
+    """Both modes' JVMs get the serial collector, the JIT's thresholds and Arrow's unchecked access,
+    each unless the options say otherwise."""
     monkeypatch.setattr(class_archive, "ARCHIVE_DIR", tmp_path)  # no class archive (test_class_archive.py)
     monkeypatch.delenv(JVM_OPTIONS_ENV, raising=False)
     assert local_conf()["spark.driver.extraJavaOptions"] == DEFAULTS
-    assert f"spark.driver.extraJavaOptions={SERVER_COLLECTOR} {DEFAULTS}" in server_command(15002)
+    assert f"spark.driver.extraJavaOptions={DEFAULTS}" in server_command(15002)
 
     monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:TieredStopAtLevel=1")
-    arrow = " ".join([*ARROW_OPTIONS, *priority_options()])
+    arrow = " ".join([COLLECTOR, *ARROW_OPTIONS, *priority_options()])
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         assert local_conf()[key] == f"{arrow} -XX:TieredStopAtLevel=1"
-        assert f"{key}={SERVER_COLLECTOR} {arrow} -XX:TieredStopAtLevel=1" in server_command(15002)
+        assert f"{key}={arrow} -XX:TieredStopAtLevel=1" in server_command(15002)
 
     monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:+UseG1GC -XX:MaxGCPauseMillis=50 -Darrow.enable_unsafe_memory_access=false")
     assert (f"spark.driver.extraJavaOptions={' '.join([*JIT_OPTIONS, *priority_options()])} -XX:+UseG1GC "
