@@ -2,7 +2,7 @@
 by at most a second): how much a click run's write is held by work beside it on two cores, by what
 runs beside it, over one warm local session with the pipeline's settings.
 
-    python benchmarks/upkeep_probe.py [--rows 3000] [--appends 25]
+    python benchmarks/upkeep_probe.py [--rows 3000] [--appends 25] [--master local[2]]
 
 The click-side work is the project's own `append` of `--rows` rows to a `click_ledger` table, timed
 `--appends` times in each condition (the first ones warm the session and are left out):
@@ -13,7 +13,8 @@ The click-side work is the project's own `append` of `--rows` rows to a `click_l
   as a compaction does), on a thread at normal priority;
 - the same loop on a lowered thread, so its jobs are tagged and, where priorities can be set back,
   its tasks run lowered (resources/task_priority.py), as the pipeline runs its upkeep.
-A condition's hold is each append's seconds less the median of the appends alone. Writes
+A condition's hold is each append's seconds less the median of the appends alone. `--master` sets
+the session's task slots (the pipeline's `local[2]`: one per core). Writes
 benchmarks/results/<date>-upkeep-probe-<commit>.json.
 """
 
@@ -106,9 +107,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument("--appends", type=int, default=25)
+    parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
     results = ResultFile("upkeep-probe")
-    session = delta_session()
+    session = delta_session(master=args.master)
     work = Path(tempfile.mkdtemp(prefix="upkeep-probe-"))
     source = str(work / "upkeep_source")
     append(rows(session, UPKEEP_ROWS, 0), TABLE, source)
@@ -116,12 +118,14 @@ def main() -> None:
     conditions = {
         "beside two busy processes at nice 10": lambda: BusyProcesses(),
         "beside an upkeep loop at normal priority": lambda: UpkeepLoop(source, work / "normal", lowered=False),
-        "beside an upkeep loop lowered (as the pipeline runs it)": lambda: UpkeepLoop(source, work / "low", lowered=True),
+        "beside an upkeep loop lowered (as the pipeline runs it)":
+            lambda: UpkeepLoop(source, work / "low", lowered=True),
     }
     alone = timed_appends(session, args.appends, args.rows, clicks, 0)
     alone_median = statistics.median(alone[WARM:])
-    out: dict = {"workload": {"rows_per_append": args.rows, "appends": args.appends, "upkeep_rows": UPKEEP_ROWS,
-                              "upkeep_tasks_lowered": task_priority.raising_permitted()},
+    workload = {"rows_per_append": args.rows, "appends": args.appends, "upkeep_rows": UPKEEP_ROWS,
+                "master": args.master, "upkeep_tasks_lowered": task_priority.raising_permitted()}
+    out: dict = {"workload": workload,
                  "alone_median_seconds": round(alone_median, 3), "conditions": {"alone": held(alone, alone_median)}}
     for index, (name, beside) in enumerate(conditions.items(), start=1):
         with beside() as load:
