@@ -140,3 +140,23 @@ def over_spark_connect(spark_connect_server, monkeypatch):
     """The test's `photon` commands run over the shared Connect server (PHOTON_SPARK_REMOTE)."""
     monkeypatch.setenv(SPARK_REMOTE_ENV, spark_connect_server)
     return spark_connect_server
+
+
+def java_descendants(pid: int) -> list[int]:
+    """The java processes under `pid` (Spark's launcher starts the JVM as this process's child or grandchild)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found = []
+    for child in parents:
+        ancestor = parents.get(child)
+        while ancestor and ancestor != pid:
+            ancestor = parents.get(ancestor)
+        if ancestor == pid and (Path("/proc") / str(child) / "comm").read_text().strip() == "java":
+            found.append(child)
+    return found

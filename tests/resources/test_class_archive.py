@@ -8,6 +8,7 @@ from resources.class_archive import archive_options, archive_path
 from resources.runtime.spark_connect import server_command
 from resources.spark import ARROW_OPTIONS, COLLECTOR, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
 from resources.task_priority import priority_options
+from tests.conftest import java_descendants
 
 DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
 
@@ -45,26 +46,6 @@ def test_the_archive_is_named_after_the_java_pyspark_and_jars_it_was_made_with(t
         assert archive_path().name != before
     finally:
         class_archive.fingerprint.cache_clear()
-
-
-def java_descendants(pid: int) -> list[int]:
-    """The java processes under `pid` (Spark's launcher starts the JVM as this process's child or grandchild)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found = []
-    for child in parents:
-        ancestor = parents.get(child)
-        while ancestor and ancestor != pid:
-            ancestor = parents.get(ancestor)
-        if ancestor == pid and (Path("/proc") / str(child) / "comm").read_text().strip() == "java":
-            found.append(child)
-    return found
 
 
 def test_the_suites_jvm_maps_the_archive_setup_made(spark):

@@ -12,21 +12,16 @@ import pytest
 from resources import task_priority
 from resources.runtime.priority import OFF_CLICK_PATH_NICE, lower_this_thread
 from resources.spark import SparkResource, local_conf
+from tests.conftest import java_descendants
 
 
 def this_process_jvm() -> int:
-    """The local session's JVM: this process's child running java as pyspark's gateway. Not any java
-    child: the shared Spark Connect server of the tests that opt in (conftest) is one too, when this
-    test runs in the same worker after them (`photon spark-connect` execs its java)."""
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            text = open(stat).read()
-            if int(text[text.rindex(")") + 2:].split()[1]) != os.getpid():
-                continue
-            if open(stat[:-4] + "cmdline").read().split("\0")[-2:] == ["pyspark-shell", ""]:
-                return int(stat.split("/")[2])
-        except OSError:
-            continue
+    """The local session's JVM: the java under this process that runs as pyspark's gateway. Not any
+    java under it: the shared Spark Connect server of the tests that opt in (conftest) is one too, when
+    this test runs in the same worker after them (`photon spark-connect` execs its java)."""
+    for jvm in java_descendants(os.getpid()):
+        if open(f"/proc/{jvm}/cmdline").read().split("\0")[-2:] == ["pyspark-shell", ""]:
+            return jvm
     raise AssertionError("no pyspark gateway JVM under this process")
 
 
