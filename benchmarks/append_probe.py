@@ -26,7 +26,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
 from benchmarks.result_file import ResultFile  # noqa: E402
-from resources.spark import delta_session  # noqa: E402
+from resources.spark.session import delta_session  # noqa: E402
 from spark_ops.tables import TABLE_SCHEMAS, append  # noqa: E402
 
 TABLE = "click_ledger"

@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.result_file import ResultFile  # noqa: E402
 from resources.runtime.process_groups import stop_group  # noqa: E402
-from resources.runtime.spark_connect import SERVER_MARKER  # noqa: E402
+from resources.spark.connect_server import SERVER_MARKER  # noqa: E402
 
 PYTHON = sys.executable
 RUN_FAULTS = ("kill_photon_run", "kill_registry", "kill_query_tailer", "stall_photon_run", "stall_query_tailer")
@@ -175,7 +175,7 @@ class Deployment:
         if self.mode == "run":
             return [PYTHON, "-m", "photon.cli", "run", "--data-dir", str(self.data_dir), "--until-idle",
                     "--min-seconds", str(RUN_HORIZON_SECONDS), "--json"]
-        from resources.runtime.spark_connect import free_port
+        from resources.spark.connect_server import free_port
 
         return [PYTHON, "-m", "photon.cli", "up", "--data-dir", str(self.data_dir), "--port", str(free_port())]
 
@@ -384,7 +384,7 @@ def play(s: Scenario, work: Path, spark_remote: str | None) -> dict:
 
 
 def shared_spark_connect() -> tuple[subprocess.Popen, str]:
-    from resources.runtime.spark_connect import free_port, server_command, server_environment, wait_until_serving
+    from resources.spark.connect_server import free_port, server_command, server_environment, wait_until_serving
 
     port = free_port()
     server = subprocess.Popen(server_command(port), cwd=REPO, env=server_environment(), stdout=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 """The floor under `photon up`'s first joined click (issue 43): what a fresh Spark Connect server with
 Delta costs before any of the pipeline's own work, on an otherwise idle machine.
 
-Starts the server exactly as `photon up` does (resources/runtime/spark_connect.py), then, as one client:
+Starts the server exactly as `photon up` does (resources/spark/connect_server.py), then, as one client:
 the session; a job through a Python worker (mapInArrow over one row: the worker daemon's start and its
 imports, as a click run's parse); a Delta append to a scratch table and a read of it back (the write
 path's first commit). Each step once cold and once again warm, in seconds.
@@ -52,7 +52,7 @@ def steps(spark, scratch: str) -> dict[str, float]:
 def main() -> None:
     from pyspark.sql import SparkSession
 
-    from resources.runtime.spark_connect import free_port, server_command, server_environment, wait_until_serving
+    from resources.spark.connect_server import free_port, server_command, server_environment, wait_until_serving
 
     port = free_port()
     remote = f"sc://127.0.0.1:{port}"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.result_file import ResultFile  # noqa: E402
 from photon.dagster_internals import instance_at  # noqa: E402
-from resources.runtime.spark_connect import SERVER_MARKER  # noqa: E402
+from resources.spark.connect_server import SERVER_MARKER  # noqa: E402
 from benchmarks.run import drained, generate, photon_up, process_tree_rss, stop_up  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.result_file import ResultFile  # noqa: E402
-from resources.spark import delta_session  # noqa: E402
+from resources.spark.session import delta_session  # noqa: E402
 from spark_ops.events import QUERY_REQUIRED  # noqa: E402
 from spark_ops.ingest import line_stats, stage_lines  # noqa: E402
 from spark_ops.parse import ByteRange  # noqa: E402

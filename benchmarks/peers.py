@@ -199,7 +199,7 @@ DEFAULT_BOUND = f"{CLICK_DELAY_MAX_SECONDS:g} seconds"
 
 # Structured Streaming's own session, as a user of this 2-core, 24 GiB machine would start it for
 # this one query (issue 45). Nothing is taken from Photon's settings (resources/settings.py, or
-# resources/spark.py's driver memory, sized for Photon's 4 GiB budget): only Delta's jars are the
+# resources/spark/session.py's driver memory, sized for Photon's 4 GiB budget): only Delta's jars are the
 # project's, fetched by scripts/setup.sh into .cache/jars.
 STREAMING_DRIVER_MEMORY = "8g"
 # One state store instance per shuffle partition and stateful operator: 2 for 2 cores in a backlog;

@@ -45,10 +45,10 @@ def cpu_calibration_seconds() -> float:
 
 def machine() -> dict:
     """The machine (its speed: `cpu_calibration_seconds`), and whether Photon's JVMs start from the
-    class archive setup made here (resources/class_archive.py; PHOTON_JVM_OPTIONS's `-Xshare:off`
+    class archive setup made here (resources/spark/class_archive.py; PHOTON_JVM_OPTIONS's `-Xshare:off`
     turns it off for a run)."""
-    from resources.class_archive import archive_in_use
-    from resources.spark import JVM_OPTIONS_ENV
+    from resources.spark.class_archive import archive_in_use
+    from resources.spark.session import JVM_OPTIONS_ENV
 
     archive = archive_in_use(os.environ.get(JVM_OPTIONS_ENV, ""))
     return {"cpus": os.cpu_count(), "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),

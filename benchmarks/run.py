@@ -365,7 +365,7 @@ def joined_rows(table: Path) -> int:
 
 def photon_up(data_dir: Path, logs: Path, env: dict | None = None) -> Measured:
     """`photon up` on the data directory (the daemon deployment), once its UI answers."""
-    from resources.runtime.spark_connect import free_port
+    from resources.spark.connect_server import free_port
 
     measured = Measured(photon_command("up", "--data-dir", str(data_dir), "--port", str(free_port())),
                         logs / "photon-up.log", env).start()
@@ -848,7 +848,7 @@ import json, sys, time
 started = time.monotonic()
 import definitions  # Dagster, the assets, sensors and resources: what a run process loads
 loaded = time.monotonic()
-from resources.spark import delta_session
+from resources.spark.session import delta_session
 spark = delta_session()
 session = time.monotonic()
 spark.range(1).count()

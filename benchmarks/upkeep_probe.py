@@ -12,7 +12,7 @@ The click-side work is the project's own `append` of `--rows` rows to a `click_l
 - beside an upkeep-like Spark loop in the same JVM (a Delta table read back and rewritten as Parquet,
   as a compaction does), on a thread at normal priority;
 - the same loop on a lowered thread, so its jobs are tagged and, where priorities can be set back,
-  its tasks run lowered (resources/task_priority.py), as the pipeline runs its upkeep.
+  its tasks run lowered (resources/spark/task_priority.py), as the pipeline runs its upkeep.
 A condition's hold is each append's seconds less the median of the appends alone. `--master` sets
 the session's task slots (the pipeline's `local[2]`: one per core). Writes
 benchmarks/results/<date>-upkeep-probe-<commit>.json.
@@ -35,9 +35,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.append_probe import TABLE, WARM, rows  # noqa: E402
 from benchmarks.result_file import ResultFile  # noqa: E402
-from resources import task_priority  # noqa: E402
+from resources.spark import task_priority  # noqa: E402
 from resources.runtime.priority import OFF_CLICK_PATH_NICE, lower_this_thread  # noqa: E402
-from resources.spark import SparkResource, delta_session  # noqa: E402
+from resources.spark.session import SparkResource, delta_session  # noqa: E402
 from spark_ops.tables import append  # noqa: E402
 
 UPKEEP_ROWS = 2_000_000  # the rewritten table: about the size of a compaction's input in a live run

@@ -87,7 +87,7 @@ def add_service_commands(commands) -> None:
     sc.add_argument("--port", type=int, default=15002)
     sc.add_argument("--host", default="127.0.0.1")
     sc.add_argument("--master", default="local[2]", help="local[N], or spark://HOST:PORT of a standalone cluster")
-    sc.add_argument("--driver-memory", help="the JVM heap (default: resources/spark.py DRIVER_MEMORY, 2g)")
+    sc.add_argument("--driver-memory", help="the JVM heap (default: resources/spark/session.py DRIVER_MEMORY, 2g)")
 
     reg = commands.add_parser("registry", help="the IdRegistry service (shared secret: env PHOTON_REGISTRY_SECRET)")
     actions = reg.add_subparsers(dest="registry_command", required=True, parser_class=OneLineParser)
@@ -182,7 +182,7 @@ def console_log(verbose: bool, quiet: tuple[str, ...]) -> logging.Logger:
 
 def use_spark_remote(option: str | None) -> None:
     """--spark-remote: every Spark session of this process and its runs is a client of that server."""
-    from resources.spark import SPARK_REMOTE_ENV
+    from resources.spark.session import SPARK_REMOTE_ENV
 
     if option is None:
         return
@@ -260,7 +260,7 @@ def command_check(args) -> int:
 
 
 def command_spark_connect(args) -> int:
-    from resources.runtime.spark_connect import server_command, server_environment
+    from resources.spark.connect_server import server_command, server_environment
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port {args.port} is not a port number")

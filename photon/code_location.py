@@ -21,7 +21,7 @@ from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
 from resources.id_registry import registry_resource_from_env
 from resources.settings import pipeline_settings
-from resources.spark import spark_resource_from_env
+from resources.spark.session import spark_resource_from_env
 from resources.state.layout import DATA_DIR_ENV, DataLayout
 from resources.storage import WarehouseResource
 from sensors.deps import SensorDeps

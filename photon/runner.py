@@ -46,14 +46,14 @@ from resources.registry.work_claims import leases_held
 from resources.runtime.priority import lower_this_thread
 from resources.runtime.repeating import repeated
 from resources.settings import pipeline_settings
-from resources.spark import spark_session
+from resources.spark.session import spark_session
 from resources.state.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
 from resources.state.work_unit_log import WorkUnitLog, new_ranges
 from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
 from sensors.freshness import FRESHNESS_SENSOR
 from sensors.upkeep import AGGREGATES_SENSOR, CHECKS_SENSOR, MAINTENANCE_SENSOR
 from photon_assets.work_unit import (
-    PENDING,
+    PENDING_RETRY,
     TAG_DC,
     UNFINISHED,
     has_run,
@@ -332,7 +332,7 @@ def registry_service(layout: DataLayout, log: logging.Logger):
 
 def start_spark_session(log: logging.Logger) -> None:
     """Starts the process's Spark session (~5 s of JVM start on 2 cores) while Dagster's workspace
-    loads; the first run's session request waits for it (resources/spark.py:
+    loads; the first run's session request waits for it (resources/spark/session.py:
     one session per process). A failure here is the first run's to report, as that run's error."""
     try:
         spark_session()
@@ -596,7 +596,7 @@ def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: Dat
             waiting.append(f"{dc}: query work unit {last.id} cut, its run not created yet")
     given_up = work_units_failed_for_good(instance)
     for dc in datacenters:
-        if any(unit.startswith(f"{dc}.{PENDING}.") for unit in given_up):
+        if any(unit.startswith(f"{dc}.{PENDING_RETRY}.") for unit in given_up):
             continue  # reported in the summary; retrying more pending clicks would fail the same way
         decision = pending_retry(layout, dc, settings)
         if decision.ready or decision.wait_until is not None:

@@ -6,7 +6,7 @@ import time
 import dagster as dg
 
 from photon_assets.work_unit import work_units_failed_for_good
-from resources.spark import spark_session
+from resources.spark.session import spark_session
 from resources.state.layout import TABLES, DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from spark_ops.join import CAPPED_REASON, EVENT_STORE_COUNTS

@@ -6,7 +6,7 @@ Components, each a process (group) of its own, each logging to `<data-dir>/state
 - a query tailer per datacenter (`photon event-store tail`, photon/tailers.py), feeding the
   EventStore's memory tier in the registry service as query bytes land; restarted if it exits, since
   it resumes where the registry service says it was (`<data-dir>/state/query_tail_<dc>.log`);
-- a Spark Connect server with Delta (resources/runtime/spark_connect.py): the long-lived Spark every run
+- a Spark Connect server with Delta (resources/spark/connect_server.py): the long-lived Spark every run
   uses, so a run in a process of its own connects in ~0.3 s instead of starting a JVM;
 - a run server (photon/run_server.py): one warm process that imported Dagster, the code location and
   the Spark Connect client, forking a child per run (`ForkServerRunLauncher`, named by the instance's
@@ -57,9 +57,9 @@ from photon.runner import (
 from photon.run_processes import kill_run_process, process_alive_since, run_process
 from photon_assets.work_unit import TAG_DC, UNFINISHED
 from resources.runtime.process_groups import stop_group
-from resources.runtime.spark_connect import (free_port, server_command, server_environment, wait_until_listening,
+from resources.spark.connect_server import (free_port, server_command, server_environment, wait_until_listening,
                                              wait_until_serving)
-from resources.spark import SPARK_REMOTE_ENV
+from resources.spark.session import SPARK_REMOTE_ENV
 from resources.state.layout import REPO_ROOT, DataLayout
 from sensors.dispatcher import SENSORS_RUNNING_ENV
 

@@ -14,7 +14,7 @@ from photon_assets.table_metadata import column_schema, table_uri, tables_as_the
 from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import (
     LOG_RANGES,
-    PENDING,
+    PENDING_RETRY,
     WorkUnitConfig,
     bytes_behind_log_heads,
     run_opening,
@@ -26,11 +26,11 @@ from resources.registry.ownership import divide_retry
 from resources.registry.shards import LOOKUP_SCHEMA
 from resources.runtime import faults
 from resources.settings import PipelineSettings
-from resources.spark import SparkResource
+from resources.spark.session import SparkResource
 from resources.state.sidecars import EventTimeWatermark
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
-from spark_ops.event_store import DurableTiers, EventStore
+from spark_ops.query_tiers import DurableTiers, EventStore
 from spark_ops.beside import beside, settle_quietly
 from spark_ops.ingest import IngestStats, UnitOutput, ledger_clicks, line_stats, record_clicks, stage_lines
 from spark_ops.join import EVENT_STORE_COUNTS, ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
@@ -201,7 +201,7 @@ def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, r
     them arrived; or, for a pending-click run, those alone. The new lines' ledger append is started
     here, beside the join (`JoinInput.recorded`), which waits for it before its registry commit."""
     pending_path, staging = tables["pending_clicks"], warehouse.staging_dir(config.work_unit, config.attempt)
-    if config.kind == PENDING:
+    if config.kind == PENDING_RETRY:
         return JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due")), IngestStats()
     ranges, recorded_before, finished = config.byte_ranges(), None, []
     if config.attempt > 1:

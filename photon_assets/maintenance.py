@@ -2,7 +2,7 @@
 
 Per datacenter: the durable tier's queries older than its retention leave `query_logs`, once its
 boundary has passed the oldest one held. A table's small files (a pass appends one or two per table;
-small: under resources/spark.py's SMALL_FILE_BYTES, which OPTIMIZE alone rewrites, so a compaction
+small: under resources/spark/session.py's SMALL_FILE_BYTES, which OPTIMIZE alone rewrites, so a compaction
 costs what was appended since the last one, not the whole table) are compacted once it holds
 `maintenance_compact_at_files` of them, at most
 `maintenance_compact_tables_per_run` tables a run, those with the most files first: a run that compacts
@@ -25,11 +25,11 @@ import dagster as dg
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.settings import PipelineSettings
-from resources.spark import SMALL_FILE_BYTES, SparkResource
+from resources.spark.session import SMALL_FILE_BYTES, SparkResource
 from resources.state.layout import DataLayout
 from resources.state.sidecars import Removals
 from resources.storage import WarehouseResource
-from spark_ops.event_store import evict_from_cache
+from spark_ops.query_tiers import evict_from_cache
 from spark_ops.meter import count_commit, metered
 from spark_ops.pending import compact_pending
 from spark_ops.tables import compact, files_under, table_committed, vacuum

@@ -15,7 +15,7 @@ from resources.event_store.progress import QueryCache, QueryProgress, durable_ti
 from resources.event_store.tail_segments import TailSegments
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
-from resources.spark import SparkResource
+from resources.spark.session import SparkResource
 from resources.state.sidecars import EventTimeWatermark
 from resources.storage import WarehouseResource
 from spark_ops.ingest import IngestStats, UnitOutput, ingest_queries, line_stats, stage_queries

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from photon_assets.clicks import pending_policy
 from photon_assets.jobs import REGISTRY_TAGS
 from photon_assets.work_unit import (
-    PENDING,
+    PENDING_RETRY,
     TAG_KIND,
     TAG_STREAM,
     TAG_WORK_UNIT,
@@ -34,7 +34,7 @@ from photon_assets.work_unit import (
 from resources.event_store.progress import QueryProgress
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
-from resources.spark import SparkResource
+from resources.spark.session import SparkResource
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.handoff import stage, unstage
@@ -165,7 +165,7 @@ def clicks_accounted(session, tables: dict[str, str], record: dg.RunRecord) -> b
     tags = record.dagster_run.tags
     if tags.get(TAG_STREAM) != "click":
         return False
-    if tags.get(TAG_KIND) == PENDING:
+    if tags.get(TAG_KIND) == PENDING_RETRY:
         return True
     unit = F.col("work_unit") == tags[TAG_WORK_UNIT]
     return any(

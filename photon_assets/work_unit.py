@@ -20,7 +20,9 @@ from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import ByteRange
 
 LOG_RANGES = "log_ranges"  # newly arrived bytes of log files
-PENDING = "pending"  # this datacenter's clicks still waiting for their query
+# A work unit of no log bytes that retries its datacenter's pending clicks (a click's outcome "pending"
+# is spark_ops/join.py's PENDING: it waits for its query).
+PENDING_RETRY = "pending"
 
 TAG_DC = "photon/dc"
 TAG_STREAM = "photon/stream"
@@ -42,7 +44,7 @@ class WorkUnitConfig(dg.Config):
         "", description="The work unit, as a dispatcher cut it. Empty (Materialize in the UI): the run cuts a "
         "catch-up unit of every complete line of the datacenter's logs not yet in a work unit, under the "
         "dispatcher's rules (the work unit log, the other datacenters' shares), and is retried like any unit.")
-    kind: str = Field(LOG_RANGES, description=f"`{LOG_RANGES}`: new log bytes; `{PENDING}`: this datacenter's "
+    kind: str = Field(LOG_RANGES, description=f"`{LOG_RANGES}`: new log bytes; `{PENDING_RETRY}`: this datacenter's "
                       "pending clicks that are due (click runs only).")
     ranges: list[LogRange] = Field([], description="The unit's byte ranges [start, end) of log files under "
                                    "logs/<dc>/<stream>/, as the dispatcher cut them.")

@@ -8,6 +8,11 @@ Layers, bottom to top (docs/ARCHITECTURE.md):
     resources -> spark_ops -> photon_assets -> sensors -> photon -> definitions
 
 A package may import from its own layer and from layers below it, never from a layer above.
+Inside `resources/` its subpackages are layered the same way, bottom to top:
+
+    resources.runtime -> resources.state -> resources.spark -> resources.event_store
+        -> resources.registry -> resources (the Dagster resources: its own modules)
+
 Every `import` statement counts, at any depth: module level, inside functions, under
 `if TYPE_CHECKING:`. Imports of anything outside these packages are ignored. Imports done by name at
 run time (`importlib.import_module`, a `module:function` setting, a module name handed to Dagster)
@@ -32,6 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["resources", "spark_ops", "photon_assets", "sensors", "photon", "definitions"]
 LAYER = {name: index for index, name in enumerate(LAYERS)}
+# The floors inside resources/, bottom to top; a subpackage not listed here is refused (it needs a floor).
+RESOURCE_FLOORS = ["resources.runtime", "resources.state", "resources.spark", "resources.event_store",
+                   "resources.registry", "resources"]
 MAX_CYCLES = 500  # per graph; more are counted, not printed
 
 
@@ -169,6 +177,30 @@ def package_path(module: str, modules: dict[str, Path]) -> str:
     return module.rsplit(".", 1)[0]
 
 
+def floor_of(module: str, modules: dict[str, Path]) -> int | None:
+    """A resources module's floor (RESOURCE_FLOORS): its subpackage's, or the top's for its own
+    modules; None outside resources/. An unlisted subpackage counts as the lowest floor."""
+    if package_of(module) != "resources":
+        return None
+    package = package_path(module, modules)
+    sub = ".".join(package.split(".")[:2])
+    return RESOURCE_FLOORS.index(sub) if sub in RESOURCE_FLOORS else -1
+
+
+def goes_up(imp: Import, modules: dict[str, Path]) -> bool:
+    """An import that climbs the layering: to a higher layer, or inside resources/ to a higher floor."""
+    if LAYER[package_of(imp.target)] != LAYER[package_of(imp.source)]:
+        return LAYER[package_of(imp.target)] > LAYER[package_of(imp.source)]
+    source, target = floor_of(imp.source, modules), floor_of(imp.target, modules)
+    return source is not None and target is not None and target > source
+
+
+def unplaced_subpackages(modules: dict[str, Path]) -> list[str]:
+    """Subpackages of resources/ with no floor in RESOURCE_FLOORS."""
+    found = {".".join(m.split(".")[:2]) for m in modules if m.startswith("resources.") and modules[m].name == "__init__.py"}
+    return sorted(found - set(RESOURCE_FLOORS))
+
+
 def print_packages(modules: dict[str, Path], imports: list[Import]) -> None:
     """Per (sub)package, bottom to top: its modules, what the layering lets it import, what it imports."""
     members: dict[str, list[str]] = defaultdict(list)
@@ -237,20 +269,23 @@ def main() -> int:
     print_packages(modules, imports)
     package_cycles, package_total = elementary_cycles(package_graph, MAX_CYCLES)
     module_cycles, module_total = elementary_cycles(module_graph, MAX_CYCLES)
-    upward = sorted(
-        (imp for imp in imports if LAYER[package_of(imp.target)] > LAYER[package_of(imp.source)]),
-        key=lambda i: (LAYER[package_of(i.source)], i.path, i.line),
-    )
+    upward = sorted((imp for imp in imports if goes_up(imp, modules)),
+                    key=lambda i: (LAYER[package_of(i.source)], i.path, i.line))
+    unplaced = unplaced_subpackages(modules)
 
     print_cycles("cycles between packages", package_cycles, package_total, imports, by_package=True)
     print_cycles("cycles between modules", module_cycles, module_total, imports, by_package=False)
-    print(f"imports up the layering ({' < '.join(LAYERS)}): {len(upward)}")
+    print(f"imports up the layering ({' < '.join(LAYERS)}; inside resources: {' < '.join(RESOURCE_FLOORS)}): "
+          f"{len(upward)}")
     for imp in upward:
         nested = "  (inside a function)" if imp.nested else ""
-        print(f"  {imp.path}:{imp.line}: {package_of(imp.source)} -> {package_of(imp.target)}: "
-              f"{imp.source} imports {imp.target}{nested}")
+        source, target = (package_path(m, modules) if package_of(m) == "resources" else package_of(m)
+                          for m in (imp.source, imp.target))
+        print(f"  {imp.path}:{imp.line}: {source} -> {target}: {imp.source} imports {imp.target}{nested}")
+    for sub in unplaced:
+        print(f"  {sub}: a subpackage of resources with no floor (scripts/check_imports.py: RESOURCE_FLOORS)")
 
-    found = package_total + module_total + len(upward)
+    found = package_total + module_total + len(upward) + len(unplaced)
     print(f"{'FAIL' if found else 'OK'}: {len(modules)} modules, {len(imports)} project imports; "
           f"{package_total} package cycle(s), {module_total} module cycle(s), {len(upward)} upward import(s)")
     return 1 if found else 0

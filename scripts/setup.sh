@@ -34,18 +34,18 @@ if ! ls .cache/jars/delta-spark_2.13-*.jar .cache/jars/delta-storage-*.jar >/dev
     dependency:copy-dependencies -DoutputDirectory="$PWD/.cache/jars"
 fi
 
-# Delta's log store for this project's tables (resources/log_store.py) and the plugin that runs the
-# Spark tasks off the click path at a lower priority (resources/task_priority.py): one Java class each,
+# Delta's log store for this project's tables (resources/spark/log_store.py) and the plugin that runs the
+# Spark tasks off the click path at a lower priority (resources/spark/task_priority.py): one Java class each,
 # compiled with the JDK's javac against the jars above, in ~2 s, once per version of its source (before
 # the class archive, which is named after the jars).
-.venv/bin/python -m resources.log_store
-.venv/bin/python -m resources.task_priority
+.venv/bin/python -m resources.spark.log_store
+.venv/bin/python -m resources.spark.task_priority
 
-# The JVM class archive (resources/class_archive.py): Spark's, Delta's and Connect's classes laid out
+# The JVM class archive (resources/spark/class_archive.py): Spark's, Delta's and Connect's classes laid out
 # once, so each JVM of the pipeline maps them instead of loading them from the jars (~6 s off a cold
 # start). Made by a training run over the demo workload, ~70 s, once per Java, pyspark and Delta version;
 # without it (the line says why) everything runs the same, slower to start.
-.venv/bin/python -m photon.class_archive || true
+.venv/bin/python -m photon.make_class_archive || true
 
 # Apache Flink for the benchmark's Flink peer (benchmarks/flink_join.py, run by benchmarks/peers.py):
 # PyFlink pins pyarrow, pandas, py4j and apache-beam to versions the .venv cannot share, so it has a

@@ -10,7 +10,7 @@ bash scripts/setup.sh
 # The suite's JVMs run many small plans, each a few times: compiled by C1 alone (no C2) and with the
 # serial collector they cost ~30 % less CPU (docs/STACK.md). C1 alone would get Java's 48 MB code
 # cache, which Spark's generated code fills (its sweeper then took a fifth of a server's CPU); 240 MB
-# is the tiered default. Deployments compile with C2 at raised thresholds (resources/spark.py: JIT_OPTIONS).
+# is the tiered default. Deployments compile with C2 at raised thresholds (resources/spark/session.py: JIT_OPTIONS).
 export PHOTON_JVM_OPTIONS="${PHOTON_JVM_OPTIONS:--XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC}"
 if [ "${1:-}" = "--quick" ]; then
   shift

@@ -22,7 +22,7 @@ import dagster as dg
 from photon_assets.jobs import JOIN_CLICKS_JOB, STREAM_JOBS
 from photon_assets.work_unit import (
     LOG_RANGES,
-    PENDING,
+    PENDING_RETRY,
     TAG_ATTEMPT,
     TAG_DC,
     TAG_KIND,
@@ -381,7 +381,7 @@ def pending_dispatcher(dc: str, data_dir: str, deps: SensorDeps) -> dg.SensorDef
         # retry (or a human), decides what is still pending.
         unfinished = sorted(
             unit for unit in work_units_in_flight(instance) | work_units_failed_for_good(instance)
-            if unit.startswith(f"{dc}.{PENDING}.")
+            if unit.startswith(f"{dc}.{PENDING_RETRY}.")
         )
         if unfinished:
             return dg.SensorResult(cursor=write_cursor(cursor), skip_reason=f"pending-click retry {unfinished[0]} is not done")
@@ -391,7 +391,7 @@ def pending_dispatcher(dc: str, data_dir: str, deps: SensorDeps) -> dg.SensorDef
         context.log.info(f"retrying pending clicks of {dc}: {decision.reason}")
         unit_id = f"{dc}.pending.{cursor['retries']:08d}"
         return dg.SensorResult(
-            run_requests=[work_unit_request(dc, "click", PENDING, unit_id, [])],
+            run_requests=[work_unit_request(dc, "click", PENDING_RETRY, unit_id, [])],
             cursor=write_cursor({"retries": cursor["retries"] + 1}),
         )
 

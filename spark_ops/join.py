@@ -14,7 +14,7 @@ deduplicated, go through
    tasks;
 into the unit's staging directory, with the counts the pass reports observed while it is written.
 Misses the memory tier cannot vouch for (older than its horizon) are looked up in the durable and
-logs tiers (spark_ops/event_store.py) and judged and committed by a second job; a live stream has
+logs tiers (spark_ops/query_tiers.py) and judged and committed by a second job; a live stream has
 none.
 4. write: the winners appended to `joined_clicks` (their query line parsed into the output's struct
    on the way) and `unjoinable_clicks` (merged on `click_id` by a retry: spark_ops/tables.py), and
@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 
 from resources.registry.api import IdRegistry
 from spark_ops.beside import settle, settle_quietly, side_by_side
-from spark_ops.event_store import EventStore, EventStoreStats, event_id_parts
+from spark_ops.query_tiers import EventStore, EventStoreStats, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
 from spark_ops.pending import STREAM_PROGRESS, PendingPolicy, record_pending

@@ -2,7 +2,7 @@
 
 A run opens a `PassMeter` (`metered`); the table writers (spark_ops/tables.py) count their commits
 into the meter of the run that calls them, so a run's metadata can say what its pass cost. Spark
-jobs are counted by the Spark resource (resources/spark.py), which knows the session's mode.
+jobs are counted by the Spark resource (resources/spark/session.py), which knows the session's mode.
 """
 
 from __future__ import annotations

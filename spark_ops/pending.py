@@ -33,7 +33,7 @@ from pyspark.sql import types as T
 
 from resources.event_store.progress import QueryProgress
 from resources.state.sidecars import Document
-from spark_ops.event_store import event_id_parts
+from spark_ops.query_tiers import event_id_parts
 from spark_ops.handoff import unstage
 from spark_ops.schemas import arrow_schema
 from spark_ops.tables import (TABLE_SCHEMAS, append, overwrite_where, read_table, rows_held, sql_literal,

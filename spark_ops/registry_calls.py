@@ -23,7 +23,7 @@ from pyspark.sql import types as T
 
 from resources.event_store.memory_tier import Holding, read_located
 from resources.registry.api import IdRegistry
-from spark_ops.event_store import writers_of
+from spark_ops.query_tiers import writers_of
 from spark_ops.handoff import materialize, stage, unstage
 from spark_ops.schemas import arrow_schema
 

@@ -13,14 +13,14 @@ the write idempotent, since only a retry can find an earlier attempt's commit.
   its statistics.
 
 Delta is reached through SQL and the DataFrame writer only, never the `DeltaTable` Python API: that
-API has no Spark Connect backend for delta-spark 4.0 (resources/spark.py), and the same code runs on
+API has no Spark Connect backend for delta-spark 4.0 (resources/spark/session.py), and the same code runs on
 a local session and a Connect session.
 
 Every commit but a compaction's holds the table's lock (`table_lock`): a run that reads a table
 and then rewrites it (recovery, the pending clicks' compaction) must not miss an append made in
 between, which Delta's conflict checks let through (a blind append never conflicts). That a log file
 is created by one writer only, across the JVMs of two datacenters, is the log store's promise
-(resources/log_store.py), not the lock's: so `compact` (OPTIMIZE, seconds of rewriting) holds no lock,
+(resources/spark/log_store.py), not the lock's: so `compact` (OPTIMIZE, seconds of rewriting) holds no lock,
 and a click run's append beside it waits for nothing.
 """
 

@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from spark_ops.event_store import event_id_parts
+from spark_ops.query_tiers import event_id_parts
 from spark_ops.pending import COLUMNS, CURRENT_SQL, pending_of
 from spark_ops.tables import (
     CLICK_EVENT, append, commit_actions, delta_rows, duckdb_over, ensure_table, no_rows, one_row, overwrite, overwrite_where, read_table,

@@ -1,5 +1,5 @@
 """The daemon that forks Spark's Python workers for this project's sessions (`spark.python.daemon.module`,
-resources/spark.py): pyspark's own daemon, started with two changes measured on click runs.
+resources/spark/session.py): pyspark's own daemon, started with two changes measured on click runs.
 
 - A worker calls `importlib.invalidate_caches()` before every task, which re-reads the directory of
   every archive it imports from: the `spark-core` jar Spark puts on the path (5,261 entries, no

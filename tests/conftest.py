@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from resources.runtime.process_groups import stop_group
-from resources.runtime.spark_connect import free_port, server_environment, wait_until_serving
-from resources.spark import SPARK_REMOTE_ENV, delta_session
+from resources.spark.connect_server import free_port, server_environment, wait_until_serving
+from resources.spark.session import SPARK_REMOTE_ENV, delta_session
 from resources.state.layout import REPO_ROOT
 
 # The quick tier (`scripts/test.sh --quick`, a few minutes): pure functions, sensors through
@@ -31,9 +31,9 @@ QUICK = (
     "tests/resources/event_store/test_tail_segments.py",
     "tests/resources/state/test_work_unit_log.py",
     "tests/resources/registry/test_ownership.py",
-    "tests/resources/test_spark.py",
-    "tests/resources/test_class_archive.py::test_the_archive_reaches",
-    "tests/resources/test_class_archive.py::test_the_archive_is_named",
+    "tests/resources/spark/test_session.py",
+    "tests/resources/spark/test_class_archive.py::test_the_archive_reaches",
+    "tests/resources/spark/test_class_archive.py::test_the_archive_is_named",
     "tests/resources/runtime/test_process_groups.py",
     "tests/resources/runtime/test_priority.py",
     "tests/photon/",
@@ -55,7 +55,7 @@ SLOWEST_FIRST = (
     "tests/e2e/test_up.py",
     "tests/e2e/test_up_checks.py",
     "tests/e2e/test_photon_run.py",
-    "tests/spark_ops/test_event_store.py",
+    "tests/spark_ops/test_query_tiers.py",
     "tests/benchmarks/test_run.py",
     "tests/photon_assets/test_assets.py",
     "tests/e2e/test_ui.py",

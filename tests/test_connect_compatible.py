@@ -9,7 +9,7 @@ from resources.state.layout import REPO_ROOT
 PACKAGES = ("resources", "spark_ops", "photon_assets", "sensors", "photon")
 CLASSIC_ONLY_ATTRIBUTES = {"sparkContext", "rdd", "_jvm", "_jsc", "_jdf", "_jsparkSession", "_sc"}
 # The local-mode branch of SparkResource.jobs_counted: a job count where a status tracker exists.
-ALLOWED = {("resources/spark.py", "sparkContext")}
+ALLOWED = {("resources/spark/session.py", "sparkContext")}
 
 
 def classic_only_uses() -> list[str]:

@@ -8,7 +8,7 @@ started by one inherits it: `photon run` lowers the thread that runs its off-cli
 DuckDB and Arrow threads those runs start inherit it), `photon up`'s run server lowers the process of
 such a run after its fork. Lowering needs no privilege; nothing here raises a priority again. What
 was lowered is also what the Spark work is tagged off the click path for (`off_click_path`;
-resources/task_priority.py lowers those tasks in the JVM).
+resources/spark/task_priority.py lowers those tasks in the JVM).
 """
 
 from __future__ import annotations

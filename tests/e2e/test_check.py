@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from photon.runner import headless_instance
 from photon_assets.checks import ALL_CHECKS
-from resources.spark import SPARK_REMOTE_ENV
+from resources.spark.session import SPARK_REMOTE_ENV
 from resources.state.layout import DataLayout
 from tests.e2e.test_photon_run import photon, run
 

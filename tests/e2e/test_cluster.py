@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pyspark.find_spark_home import _find_spark_home
 
-from resources.runtime.spark_connect import SERVER_MARKER, free_port
+from resources.spark.connect_server import SERVER_MARKER, free_port
 from resources.state.layout import REPO_ROOT
 from tests.conftest import start_spark_connect, stop_groups
 from tests.e2e.test_photon_run import assert_matches_ground_truth, photon, run

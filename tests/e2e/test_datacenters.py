@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from resources.registry.client import RemoteIdRegistry
 from resources.registry.ownership import preferred_dc
-from resources.runtime.spark_connect import free_port
+from resources.spark.connect_server import free_port
 from resources.state.layout import REPO_ROOT
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run
 

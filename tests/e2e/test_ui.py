@@ -20,8 +20,8 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from photon_assets.checks import ALL_CHECKS, WORK_UNIT_CHECK_SPECS, joined_clicks_freshness
 from photon_assets.jobs import CHECK_TABLES_JOB
-from resources.runtime.spark_connect import free_port
-from resources.spark import SPARK_REMOTE_ENV
+from resources.spark.connect_server import free_port
+from resources.spark.session import SPARK_REMOTE_ENV
 from resources.state.layout import REPO_ROOT, TABLES
 from tests.e2e.test_photon_run import PHOTON, photon, run
 from tests.e2e.test_up import descendants, wait_until_gone

@@ -16,8 +16,8 @@ from deltalake import DeltaTable
 from photon.run_processes import run_process, stat_fields
 from photon.runner import headless_instance
 from photon_assets.work_unit import UNFINISHED
-from resources.runtime.spark_connect import SERVER_MARKER, free_port
-from resources.spark import SPARK_REMOTE_ENV
+from resources.spark.connect_server import SERVER_MARKER, free_port
+from resources.spark.session import SPARK_REMOTE_ENV
 from resources.state.layout import REPO_ROOT, DataLayout
 from spark_ops.tables import table_committed
 from tests.e2e.test_photon_run import PHOTON, assert_matches_ground_truth, photon, run

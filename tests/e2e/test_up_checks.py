@@ -29,7 +29,7 @@ from playwright.sync_api import expect
 from photon.runner import headless_instance
 from photon_assets.jobs import CHECK_TABLES_JOB, JOIN_CLICKS_JOB
 from photon_assets.work_unit import UNFINISHED
-from resources.runtime.spark_connect import free_port
+from resources.spark.connect_server import free_port
 from resources.state.layout import REPO_ROOT, DataLayout
 from sensors.upkeep import AGGREGATES_SENSOR
 from tests.e2e.test_photon_run import PHOTON, photon

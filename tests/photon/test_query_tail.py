@@ -159,7 +159,7 @@ def test_a_tailer_ends_with_its_parent_even_when_signalled_twice(workload, tmp_p
     import time
 
     from resources.state.layout import REPO_ROOT
-    from resources.runtime.spark_connect import free_port
+    from resources.spark.connect_server import free_port
 
     port = free_port()
     ready = tmp_path / "ready"

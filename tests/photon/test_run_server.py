@@ -16,7 +16,7 @@ from dagster._core.launcher import WorkerStatus
 from photon.dagster_internals import instance_at
 from photon.run_server import ForkServerRunLauncher
 from photon.runner import prepare_environment, run_server_socket
-from resources.runtime.spark_connect import free_port
+from resources.spark.connect_server import free_port
 from resources.state.layout import DataLayout
 
 

@@ -12,10 +12,10 @@ from photon_assets.jobs import CLICK_RUN_SELECTION
 from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
 from photon_assets.recovery import recover_lost_clicks_job
-from photon_assets.work_unit import PENDING, TAG_DC, TAG_STREAM, TAG_WORK_UNIT, bytes_behind_log_heads
+from photon_assets.work_unit import PENDING_RETRY, TAG_DC, TAG_STREAM, TAG_WORK_UNIT, bytes_behind_log_heads
 from resources.id_registry import IdRegistryResource, close_embedded_registries
 from resources.settings import PipelineSettings
-from resources.spark import SparkResource
+from resources.spark.session import SparkResource
 from resources.state.layout import DataLayout
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog
 from resources.storage import WarehouseResource
@@ -90,7 +90,7 @@ def test_pipeline_through_assets_and_checks(data_dir):
         assert metadata(ingested, "log_file_map")["entries_added"] >= 1
         assert metadata(ingested, "query_logs")["delta_commits"] == 2  # query_logs, log_file_map
 
-        retried = materialize(data_dir, instance, CLICK_UNIT, unit("join_clicks", "dc1.pending.00000000", kind=PENDING))
+        retried = materialize(data_dir, instance, CLICK_UNIT, unit("join_clicks", "dc1.pending.00000000", kind=PENDING_RETRY))
         assert metadata(retried, "joined_clicks")["clicks_joined"] == 2
         assert metadata(retried, "joined_clicks")["dagster/row_count"] == 2
         # Found in memory: the registry's memory tier holds the query run's lines.

@@ -5,7 +5,7 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from photon_assets.maintenance import small_files_held
-from resources.spark import SMALL_FILE_BYTES
+from resources.spark.session import SMALL_FILE_BYTES
 from spark_ops.tables import delta_path
 
 

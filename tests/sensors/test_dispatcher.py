@@ -8,7 +8,7 @@ import pytest
 from dagster._core.test_utils import create_run_for_test
 
 from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
-from photon_assets.work_unit import PENDING, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
+from photon_assets.work_unit import PENDING_RETRY, TAG_ATTEMPT, TAG_DC, TAG_KIND, TAG_STREAM, TAG_WORK_UNIT
 from resources.event_store.progress import QueryProgress, QueryTail, WriterProgress
 from resources.id_registry import IdRegistryResource, close_embedded_registries
 from resources.registry.ownership import preferred_dc
@@ -253,12 +253,12 @@ def test_pending_clicks_are_retried_only_when_query_data_could_hold_their_querie
     assert QueryProgress.merge(progress_file, {"w1": (300, 350)}).writers["w1"] == WriterProgress(499, 1)
     retry = evaluate(sensor, instance, cursor=waiting.cursor)
     [request] = retry.run_requests
-    assert request.run_key == "dc1.pending.00000000" and request.tags[TAG_KIND] == PENDING
+    assert request.run_key == "dc1.pending.00000000" and request.tags[TAG_KIND] == PENDING_RETRY
     assert json.loads(retry.cursor) == {"retries": 1, "v": 1}
 
     # While that retry runs, no second one.
     create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.STARTED,
-                        tags={TAG_DC: "dc1", TAG_KIND: PENDING, TAG_WORK_UNIT: "dc1.pending.00000000"})
+                        tags={TAG_DC: "dc1", TAG_KIND: PENDING_RETRY, TAG_WORK_UNIT: "dc1.pending.00000000"})
     busy = evaluate(sensor, instance, cursor=retry.cursor)
     assert busy.run_requests == [] and "is not done" in busy.skip_reason.skip_message
 

@@ -11,7 +11,7 @@ from resources.event_store.memory_tier import Holding
 from resources.event_store.tail_segments import TailSegments
 from resources.registry.shards import ShardedIdRegistry
 from resources.settings import PipelineSettings
-from resources.spark import SparkResource
+from resources.spark.session import SparkResource
 from resources.state.layout import DataLayout
 from spark_ops.ingest import line_stats, stage_lines, stage_queries
 from spark_ops.parse import CHUNK_BYTES, ByteRange

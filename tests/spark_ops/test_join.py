@@ -12,7 +12,7 @@ from resources.event_store.progress import QueryProgress, WriterProgress
 from resources.registry.shards import ShardedIdRegistry
 from resources.state.layout import TABLES
 from spark_ops.beside import beside
-from spark_ops.event_store import DurableTiers, EventStore
+from spark_ops.query_tiers import DurableTiers, EventStore
 from spark_ops.ingest import UnitOutput, ingest_queries, line_stats, stage_lines, stage_queries
 from spark_ops.join import CAPPED_REASON, CRASH_POINTS, ClickPass, JoinInput, join_work_unit, window_advice
 from spark_ops.parse import ByteRange, events, parse_ranges
@@ -324,7 +324,7 @@ def test_a_click_run_dates_what_it_writes_by_its_registry_commit_and_broadcasts_
     lookup's rows, and its write time with the registry commit's answer (spark_ops/registry_calls.py):
     joined from one-row broadcast frames, they cost this run 15 Spark jobs instead of 10 (a broadcast
     is a job of its own, before the job that reads it)."""
-    from resources.spark import SparkResource
+    from resources.spark.session import SparkResource
 
     spark, tables = world["spark"], world["tables"]
     started = time.time()

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from resources.spark import SparkResource
+from resources.spark.session import SparkResource
 from spark_ops.meter import metered
 from spark_ops.tables import (append_once, commit_actions, delta_path, delta_rows, ensure_table, latest_version,
                              read_table, vacuum, write_output)

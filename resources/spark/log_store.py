@@ -1,4 +1,4 @@
-"""Delta's log store for this project's tables: `photon.delta.LinkLogStore` (resources/jvm/LinkLogStore.java).
+"""Delta's log store for this project's tables: `photon.delta.LinkLogStore` (resources/spark/jvm/LinkLogStore.java).
 
 A Delta commit is a log file that must appear only if no other writer made that version. Delta's own
 store for local file systems keeps that promise within one JVM only (a check, then a rename, under a
@@ -10,7 +10,7 @@ warehouse must be on a file system with hard links (any local Linux one is): els
 fails with the file system's error.
 
 The class is compiled against the jars it extends (Delta's storage jar, Hadoop's client API in pyspark)
-into `.cache/jars/photon-log-store-<hash of the source>.jar` (resources/jvm_build.py).
+into `.cache/jars/photon-log-store-<hash of the source>.jar` (resources/spark/jvm_build.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
 
-from resources.class_archive import DELTA_STORAGE_JAR, JARS_DIR
-from resources.jvm_build import compiled_jar
-from resources.jvm_build import jar_path as source_jar_path
+from resources.spark.class_archive import DELTA_STORAGE_JAR, JARS_DIR
+from resources.spark.jvm_build import compiled_jar
+from resources.spark.jvm_build import jar_path as source_jar_path
 
 SOURCE = Path(__file__).with_name("jvm") / "LinkLogStore.java"
 CLASS_NAME = "photon.delta.LinkLogStore"

@@ -1,4 +1,4 @@
-"""The project's own JVM classes (resources/jvm/*.java), each compiled with the JDK's `javac` against the
+"""The project's own JVM classes (resources/spark/jvm/*.java), each compiled with the JDK's `javac` against the
 jars it extends into `.cache/jars/<prefix><hash of its source>.jar`: by scripts/setup.sh, and by the first
 session that finds its jar missing (a source changed by a pull), in ~2 s. The jar of an older source is
 removed once the new one is in place.

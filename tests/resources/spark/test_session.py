@@ -1,9 +1,9 @@
 """The settings of the JVM that runs the pipeline reach it the same way in both Spark modes."""
 
-from resources import class_archive
-from resources.runtime.spark_connect import server_command
-from resources.spark import ARROW_OPTIONS, COLLECTOR, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
-from resources.task_priority import priority_options
+from resources.spark import class_archive
+from resources.spark.connect_server import server_command
+from resources.spark.session import ARROW_OPTIONS, COLLECTOR, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
+from resources.spark.task_priority import priority_options
 
 DEFAULTS = " ".join([COLLECTOR, *JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
 

@@ -3,11 +3,11 @@
 import os
 from pathlib import Path
 
-from resources import class_archive
-from resources.class_archive import archive_options, archive_path
-from resources.runtime.spark_connect import server_command
-from resources.spark import ARROW_OPTIONS, COLLECTOR, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
-from resources.task_priority import priority_options
+from resources.spark import class_archive
+from resources.spark.class_archive import archive_options, archive_path
+from resources.spark.connect_server import server_command
+from resources.spark.session import ARROW_OPTIONS, COLLECTOR, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
+from resources.spark.task_priority import priority_options
 from tests.conftest import java_descendants
 
 DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])

@@ -1,4 +1,4 @@
-"""The Spark tasks of the work off the click path run at its lower CPU priority (resources/task_priority.py):
+"""The Spark tasks of the work off the click path run at its lower CPU priority (resources/spark/task_priority.py):
 a thread that was lowered tags its Spark operations, and the JVM's plugin runs their tasks lowered and
 sets each task's thread back when it ends; where priorities cannot be set back, nothing is loaded."""
 
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from resources import task_priority
+from resources.spark import task_priority
 from resources.runtime.priority import OFF_CLICK_PATH_NICE, lower_this_thread
-from resources.spark import SparkResource, local_conf
+from resources.spark.session import SparkResource, local_conf
 from tests.conftest import java_descendants
 
 

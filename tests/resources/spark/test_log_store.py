@@ -1,4 +1,4 @@
-"""Delta's log store (resources/log_store.py): a version's commit file is made by exactly one writer,
+"""Delta's log store (resources/spark/log_store.py): a version's commit file is made by exactly one writer,
 across processes, and the pipeline's sessions use it."""
 
 import subprocess
@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
 
-from resources import log_store
-from resources.class_archive import DELTA_STORAGE_JAR, JARS_DIR
-from resources.log_store import CLASS_NAME, jar_path, log_store_jar
-from resources.spark import local_conf
+from resources.spark import log_store
+from resources.spark.class_archive import DELTA_STORAGE_JAR, JARS_DIR
+from resources.spark.log_store import CLASS_NAME, jar_path, log_store_jar
+from resources.spark.session import local_conf
 from spark_ops.tables import delta_path
 
 RACE = Path(__file__).with_name("jvm") / "CommitRace.java"

@@ -1,4 +1,4 @@
-"""The project's Spark Connect server (resources/runtime/spark_connect.py): its sessions, one per run
+"""The project's Spark Connect server (resources/spark/connect_server.py): its sessions, one per run
 under `photon up`, share one pool of Python workers, so a run after another finds them warm."""
 
 import json

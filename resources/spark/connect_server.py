@@ -1,8 +1,8 @@
 """The long-lived Spark behind a deployment: a Spark Connect server with Delta, started by the project.
 
 The server is in the pyspark wheel (no start script ships with it): `spark-submit` of our driver
-program (resources/runtime/connect_driver.py, which starts Spark's Connect service on its session),
-with the same settings as a local session (resources/spark.py: delta_conf) and one more: sessions
+program (resources/spark/connect_driver.py, which starts Spark's Connect service on its session),
+with the same settings as a local session (resources/spark/session.py: delta_conf) and one more: sessions
 share their Python workers (`spark.sql.artifact.isolation.enabled` off; why: the driver's docstring).
 Its Python workers (mapInArrow: parsing, registry calls) and the driver itself run the project's
 interpreter, hence PYSPARK_PYTHON in its environment. `SERVER_MARKER` is in the JVM's command line.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
 
-from resources.spark import DRIVER_MEMORY, delta_conf
+from resources.spark.session import DRIVER_MEMORY, delta_conf
 
 DRIVER = Path(__file__).with_name("connect_driver.py")
 SERVER_MARKER = "photon-connect"

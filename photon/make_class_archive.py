@@ -1,9 +1,9 @@
-"""Makes the JVM class archive (resources/class_archive.py) when this machine has none that fits: a Spark
+"""Makes the JVM class archive (resources/spark/class_archive.py) when this machine has none that fits: a Spark
 Connect server started to dump the classes it loaded at its exit serves `photon run` over the demo
 workload (the README's first command's), then stops. Run by scripts/setup.sh: ~75 s, once per Java,
 pyspark and Delta version; an archive already there costs nothing.
 
-`python -m photon.class_archive [--force]`; exit status 1 with one line on stderr when it fails (setup
+`python -m photon.make_class_archive [--force]`; exit status 1 with one line on stderr when it fails (setup
 then goes on without it: the pipeline runs the same, its JVMs start slower).
 """
 
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from resources.class_archive import archive_path, stale_archives
+from resources.spark.class_archive import archive_path, stale_archives
 from resources.runtime.process_groups import stop_group
 from resources.state.layout import REPO_ROOT
 
@@ -33,8 +33,8 @@ def make_archive(path: Path, work_dir: Path) -> None:
     """The archive at `path`, from a training run over data in `work_dir`; raises RuntimeError naming the
     training's log (kept next to the archive)."""
     # Imported here: pyspark's and Dagster's imports cost seconds, which setup pays only when it trains.
-    from resources.runtime.spark_connect import free_port, server_command, server_environment, wait_until_serving
-    from resources.spark import JVM_OPTIONS_ENV
+    from resources.spark.connect_server import free_port, server_command, server_environment, wait_until_serving
+    from resources.spark.session import JVM_OPTIONS_ENV
 
     data_dir, log_path = work_dir / "data", path.parent / "training.log"
     dumped = path.with_name(path.name + ".partial")
@@ -45,7 +45,7 @@ def make_archive(path: Path, work_dir: Path) -> None:
     port = free_port()
     remote = f"sc://127.0.0.1:{port}"
     run_env = {key: value for key, value in os.environ.items() if key != JVM_OPTIONS_ENV}
-    # server_command reads the JVM's options from this process's environment (resources/spark.py).
+    # server_command reads the JVM's options from this process's environment (resources/spark/session.py).
     os.environ[JVM_OPTIONS_ENV] = f"-XX:ArchiveClassesAtExit={dumped}"
     with open(log_path, "wb") as log:
         server = subprocess.Popen(server_command(port), cwd=REPO_ROOT, env=server_environment(), stdout=log,
@@ -64,7 +64,7 @@ def make_archive(path: Path, work_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m photon.class_archive", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m photon.make_class_archive", description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="make it again even if one fits")
     args = parser.parse_args(argv)
     path = archive_path()

@@ -10,7 +10,7 @@ from resources.event_store.memory_tier import Holding
 from resources.event_store.progress import QueryProgress, WriterProgress
 from resources.registry.shards import ShardedIdRegistry
 from resources.state.layout import TABLES
-from spark_ops.event_store import DurableTiers, EventStore, evict_from_cache
+from spark_ops.query_tiers import DurableTiers, EventStore, evict_from_cache
 from spark_ops.ingest import UnitOutput, ingest_queries, line_stats, stage_queries
 from spark_ops.join import ClickPass, JoinInput, join_work_unit
 from spark_ops.parse import ByteRange, events, parse_ranges

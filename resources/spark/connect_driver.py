@@ -1,4 +1,4 @@
-"""The Spark Connect server's driver program (`spark-submit ... connect_driver.py`, resources/runtime/spark_connect.py).
+"""The Spark Connect server's driver program (`spark-submit ... connect_driver.py`, resources/spark/connect_server.py).
 
 Spark's own `SparkConnectServer` main forces `spark.sql.artifact.isolation.enabled` on, and with it
 every Connect session gets Python workers of its own: the worker pool is keyed by the session's

@@ -3,7 +3,7 @@
 resources/runtime/priority.py lowers the Python side of that work: `photon run`'s thread of the runs off
 the click path, `photon up`'s processes of them. Their Spark work runs in the JVM the click runs share:
 a query run's appends to the durable tier, a compaction, a refresh's write. There a plugin,
-`photon.spark.OffClickPathPriority` (resources/jvm/OffClickPathPriority.java), gives each task of a job
+`photon.spark.OffClickPathPriority` (resources/spark/jvm/OffClickPathPriority.java), gives each task of a job
 that carries OFF_CLICK_PATH_TAG (SparkResource tags the operations of a thread or process that was
 lowered) the JVM's lowest thread priority while it runs, which Java maps to the nice value
 OFF_CLICK_PATH_NICE with `-XX:ThreadPriorityPolicy=1`, and sets it back when the task ends.
@@ -16,7 +16,7 @@ at the JVM's priority, as the driver's own work of those jobs always does (their
 commit logic run on the thread that asked, where no hook of Spark's runs).
 
 The class is compiled against Spark's core and Scala's library (pyspark's jars) into
-`.cache/jars/photon-task-priority-<hash of the source>.jar` (resources/jvm_build.py).
+`.cache/jars/photon-task-priority-<hash of the source>.jar` (resources/spark/jvm_build.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
 
-from resources.class_archive import JARS_DIR
-from resources.jvm_build import compiled_jar
+from resources.spark.class_archive import JARS_DIR
+from resources.spark.jvm_build import compiled_jar
 from resources.runtime.priority import OFF_CLICK_PATH_NICE
 
 SOURCE = Path(__file__).with_name("jvm") / "OffClickPathPriority.java"

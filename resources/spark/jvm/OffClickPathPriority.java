@@ -8,7 +8,7 @@ import org.apache.spark.api.plugin.SparkPlugin;
 
 /**
  * Runs the tasks of the work kept off the click path at the JVM's lowest thread priority (see
- * resources/task_priority.py). A run off the click path tags its Spark operations with {@link #TAG};
+ * resources/spark/task_priority.py). A run off the click path tags its Spark operations with {@link #TAG};
  * Spark hands a job's tags to its tasks as the local property {@code spark.job.tags}, each tag
  * prefixed by the session (Spark classic) or by the Connect operation. The priority is set in the
  * task's own thread before the task runs and set back when it ends: the executor's threads are

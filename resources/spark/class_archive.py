@@ -3,9 +3,9 @@ verified and laid out once in a file every later JVM maps (Java's AppCDS, a dyna
 
 A cold JVM loads ~26,000 classes from the jars in its first minutes, ~25 s of CPU on two cores
 (docs/STACK.md); from the archive it maps most of them. scripts/setup.sh makes the archive
-(photon/class_archive.py: a Connect server that dumps what it loaded while the demo workload runs
+(photon/make_class_archive.py: a Connect server that dumps what it loaded while the demo workload runs
 through it), and every JVM that runs the pipeline, a local session's or the Connect server's, uses it
-when it exists (resources/spark.py: jvm_options). Both modes share one archive: it holds the Connect
+when it exists (resources/spark/session.py: jvm_options). Both modes share one archive: it holds the Connect
 server's classes and all the pipeline's.
 
 The JVM checks the archive against its own build and class path and, when they do not match, loads
@@ -26,7 +26,7 @@ from pathlib import Path
 from resources.state.layout import REPO_ROOT
 
 ARCHIVE_DIR = REPO_ROOT / ".cache" / "jvm"
-# Where scripts/setup.sh puts the jars Spark loads besides its own (Delta's); resources/spark.py loads
+# Where scripts/setup.sh puts the jars Spark loads besides its own (Delta's); resources/spark/session.py loads
 # them from here, and the archive's name follows them.
 JARS_DIR = REPO_ROOT / ".cache" / "jars"
 DELTA_SPARK_JAR, DELTA_STORAGE_JAR = "delta-spark_2.13-4.0.1.jar", "delta-storage-4.0.1.jar"

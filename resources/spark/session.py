@@ -1,7 +1,7 @@
 """Spark with Delta Lake, in one of two modes chosen by configuration:
 
 - local: an in-process session (`local[2]`), created once per process and shared by every run in it;
-- connect: a client of a long-lived Spark Connect server (resources/runtime/spark_connect.py starts one), so
+- connect: a client of a long-lived Spark Connect server (resources/spark/connect_server.py starts one), so
   a run in a process of its own pays ~0.3 s to connect instead of a JVM start.
 
 The pipeline's code is the same in both: DataFrames, Delta through SQL and writer options, no
@@ -22,12 +22,12 @@ from pathlib import Path
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
-from resources.class_archive import DELTA_JARS, archive_options
-from resources.class_archive import JARS_DIR as DEFAULT_JARS_DIR
-from resources.log_store import CLASS_NAME as LOG_STORE_CLASS
-from resources.log_store import log_store_jar
+from resources.spark.class_archive import DELTA_JARS, archive_options
+from resources.spark.class_archive import JARS_DIR as DEFAULT_JARS_DIR
+from resources.spark.log_store import CLASS_NAME as LOG_STORE_CLASS
+from resources.spark.log_store import log_store_jar
 from resources.runtime.priority import off_click_path
-from resources.task_priority import OFF_CLICK_PATH_TAG, plugin_conf, plugin_jar, priority_options
+from resources.spark.task_priority import OFF_CLICK_PATH_TAG, plugin_conf, plugin_jar, priority_options
 
 # `sc://HOST:PORT` of the Spark Connect server every run of this deployment uses; unset: local mode.
 SPARK_REMOTE_ENV = "PHOTON_SPARK_REMOTE"
@@ -39,8 +39,8 @@ _session_lock = threading.Lock()
 
 
 def delta_jars(jars_dir: Path = DEFAULT_JARS_DIR) -> list[str]:
-    """Delta's jars, the project's log store for it (resources/log_store.py) and its task priority plugin
-    (resources/task_priority.py)."""
+    """Delta's jars, the project's log store for it (resources/spark/log_store.py) and its task priority plugin
+    (resources/spark/task_priority.py)."""
     jars = [jars_dir / name for name in DELTA_JARS]
     missing = [str(j) for j in jars if not j.is_file()]
     if missing:
@@ -48,7 +48,7 @@ def delta_jars(jars_dir: Path = DEFAULT_JARS_DIR) -> list[str]:
     return [*map(str, jars), str(log_store_jar(jars_dir)), str(plugin_jar(jars_dir))]
 
 
-# Commits atomic across processes, so that OPTIMIZE holds no table lock (resources/log_store.py).
+# Commits atomic across processes, so that OPTIMIZE holds no table lock (resources/spark/log_store.py).
 LOG_STORE_CONF = {"spark.delta.logStore.file.impl": LOG_STORE_CLASS}
 # The JVM's heap. Its peak in a live run at 1,000 clicks/s or on the 2 M-query backlog stays well
 # under it; the whole pipeline (JVM, Python, registry service with the EventStore's memory tier) is
@@ -179,10 +179,10 @@ ARROW_OPTIONS = ["-Darrow.enable_unsafe_memory_access=true", "-Darrow.enable_nul
 
 
 def jvm_options() -> dict[str, str]:
-    """PHOTON_JVM_OPTIONS and the class archive (resources/class_archive.py) for the driver, and for
+    """PHOTON_JVM_OPTIONS and the class archive (resources/spark/class_archive.py) for the driver, and for
     executors where they are JVMs of their own (a standalone cluster's); before them, COLLECTOR,
     JIT_OPTIONS and ARROW_OPTIONS, each unless PHOTON_JVM_OPTIONS has one of its own, and the mapping
-    of thread priorities where the task priority plugin is loaded (resources/task_priority.py)."""
+    of thread priorities where the task priority plugin is loaded (resources/spark/task_priority.py)."""
     user_options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
     chosen = [] if COLLECTOR_OPTION.search(user_options) else [COLLECTOR]
     chosen += [] if JIT_OPTION.search(user_options) else JIT_OPTIONS
@@ -248,7 +248,7 @@ class SparkResource(LazyPySparkResource):
 
     def session(self) -> SparkSession:
         """The session; for work off the click path (resources/runtime/priority.py), with this thread's
-        operations tagged so that their tasks run at its lower priority (resources/task_priority.py)."""
+        operations tagged so that their tasks run at its lower priority (resources/spark/task_priority.py)."""
         with _session_lock:
             if self.remote is None:
                 _prepare_local_process()

@@ -9,7 +9,7 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.Path;
 
 /**
- * One of two racing writers of tests/resources/test_log_store.py: writes versions 0 to N-1 of a Delta
+ * One of two racing writers of tests/resources/spark/test_log_store.py: writes versions 0 to N-1 of a Delta
  * log through the given LogStore class, each as one line naming this writer, and prints each version it
  * won (its write returned without FileAlreadyExistsException). Every version is raced for: the writers
  * go for it together, each once both are done with the version before (a marker file per writer and
