@@ -30,7 +30,7 @@ COUNTS = ("spark_jobs", "delta_commits", "queries_added", "clicks_looked_up", "c
 
 
 def medians(data_dir: Path) -> dict:
-    from photon.runner import headless_instance
+    from photon.deployment import headless_instance
     from resources.state.layout import DataLayout
 
     instance = headless_instance(DataLayout(data_dir))

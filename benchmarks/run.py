@@ -396,7 +396,7 @@ def daemon_runs(data_dir: Path) -> list[dict]:
     launch to first Spark call, and the pass itself (its phases)."""
     import dagster as dg
 
-    from photon.runner import headless_instance
+    from photon.deployment import headless_instance
     from resources.state.layout import DataLayout
 
     instance = headless_instance(DataLayout(data_dir))

@@ -46,7 +46,7 @@ def first_runs(data_dir: Path) -> tuple[dict, dict]:
     two runs' phases, as their materializations report them."""
     import dagster as dg
 
-    from photon.runner import headless_instance
+    from photon.deployment import headless_instance
     from photon_assets.jobs import INGEST_QUERIES_JOB, JOIN_CLICKS_JOB
     from resources.state.layout import DataLayout
 

@@ -192,7 +192,8 @@ def use_spark_remote(option: str | None) -> None:
 
 
 def command_run(args) -> int:
-    from photon.runner import RunnerError, run_until_idle
+    from photon.deployment import RunnerError
+    from photon.runner import run_until_idle
 
     use_spark_remote(args.spark_remote)
     if not args.data_dir.is_dir():
@@ -221,7 +222,7 @@ def command_run(args) -> int:
 
 
 def command_up(args) -> int:
-    from photon.runner import RunnerError
+    from photon.deployment import RunnerError
     from photon.up import bring_up
 
     if not args.data_dir.is_dir():
@@ -240,7 +241,7 @@ def command_up(args) -> int:
 
 def command_check(args) -> int:
     from photon.check import ensure_checkable, report, run_checks
-    from photon.runner import DeploymentRunning, RunnerError
+    from photon.deployment import DeploymentRunning, RunnerError
 
     layout = DataLayout(args.data_dir.resolve())
     ensure_checkable(layout)
@@ -272,7 +273,6 @@ def command_spark_connect(args) -> int:
 
 def command_event_store(args) -> int:
     from photon.query_tail import TailSettings, tail_forever
-    from photon.tailers import die_with_parent_named_in_env
     from resources.registry.api import ADDRESS_ENV, SECRET_ENV
     from resources.registry.client import RemoteIdRegistry
 
@@ -288,7 +288,6 @@ def command_event_store(args) -> int:
     layout = DataLayout(args.data_dir.resolve())
     if not (layout.logs / args.datacenter).is_dir():
         raise ValueError(f"no datacenter {args.datacenter} under {layout.logs}")
-    die_with_parent_named_in_env()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     registry = RemoteIdRegistry(address, os.environ.get(SECRET_ENV) or None)
     try:

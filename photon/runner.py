@@ -4,228 +4,57 @@ This process plays the Dagster daemon's sensor role: it calls the daemon's senso
 (photon/dagster_internals.py, where every Dagster internal lives) against the data directory's instance,
 so ticks, cursors, run keys and tick resumption behave exactly as under `dagster-daemon`. Runs are
 launched with Dagster's synchronous in-process run launcher, so every run of this process shares
-one Spark session (a JVM start costs ~8 s on 2 cores) and the embedded registry's DuckDB file.
+one Spark session (a JVM start costs ~8 s on 2 cores) and the registry client.
+
+Its children (the local registry service, the query tailers) are photon/components.py's, started and
+watched by photon/supervisor.py; its files and locks are photon/deployment.py's; verification and
+recovery at the end are photon/verify.py's.
 
 The instance on disk (`<data-dir>/dagster`) is the one `dagster dev` opens: runs, ticks, asset
 materializations and check results of headless runs all show in the UI.
 """
 
-import ctypes
-import fcntl
-import functools
 import json
 import logging
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
 import dagster as dg
 
-from photon.check_outcomes import CheckOutcome, outcomes
-from photon.dagster_internals import (
-    in_process_workspace,
-    instance_at,
-    remote_sensors,
-    runs_on_several_threads,
-    sensor_pass,
-)
+from photon.components import local_registry, query_tailers
+from photon.dagster_internals import in_process_workspace, remote_sensors, runs_on_several_threads, sensor_pass
+from photon.deployment import (RunnerError, datacenter_leases, exclusive, fail_orphaned_runs, headless_instance,
+                               prepare_environment)
 from photon.query_tail import TailSettings
-from photon.run_processes import kill_run_process
 from photon.summary import summarize
-from photon.tailers import QueryTailers
-from photon_assets.jobs import VERIFY_JOB
-from resources.id_registry import ADDRESS_ENV, registry_resource_from_env
-from resources.registry.work_claims import leases_held
-from resources.runtime.priority import lower_this_thread
-from resources.runtime.repeating import repeated
-from resources.settings import pipeline_settings
-from resources.spark.session import spark_session
-from resources.state.layout import DATA_DIR_ENV, DATACENTERS_ENV, REPO_ROOT, TABLES, DataLayout
-from resources.state.work_unit_log import WorkUnitLog, new_ranges
-from sensors.dispatcher import RUN_LOG_LEVEL_ENV, pending_retry
-from sensors.freshness import FRESHNESS_SENSOR
-from sensors.upkeep import AGGREGATES_SENSOR, CHECKS_SENSOR, MAINTENANCE_SENSOR
+from photon.supervisor import Supervisor
+from photon.verify import MAX_RECOVERY_ROUNDS, pending_clicks, recover, recovery_did_work, storage_lost, verify
 from photon_assets.work_unit import (
     PENDING_RETRY,
     TAG_DC,
-    UNFINISHED,
     has_run,
     work_units_awaiting_retry,
     work_units_failed_for_good,
     work_units_in_flight,
 )
-from spark_ops.tables import table_committed, tables_locked
+from resources.runtime.priority import lower_this_thread
+from resources.runtime.repeating import repeated
+from resources.settings import pipeline_settings
+from resources.spark.session import spark_session
+from resources.state.layout import REPO_ROOT, DataLayout
+from resources.state.work_unit_log import WorkUnitLog, new_ranges
+from sensors.dispatcher import pending_retry
+from sensors.freshness import FRESHNESS_SENSOR
+from sensors.upkeep import AGGREGATES_SENSOR, CHECKS_SENSOR, MAINTENANCE_SENSOR
 
 # Sensor passes in a row that launch nothing before the pipeline counts as idle: one, as every sensor of
 # the main loop's pass ticks in every pass (photon/dagster_internals.py: sensor_pass) in PASS_ORDER; the
 # query dispatchers' work counts until it is cut and run (dispatchers_waiting).
 IDLE_PASSES = 1
 PASS_INTERVAL_SECONDS = 1.05  # passes start at least this far apart; sensors due every second tick in each
-
-DAGSTER_YAML = """\
-# Instance of this data directory, used by `dagster dev` / `dagster-daemon` (see README).
-# `photon run` reads it too, but launches runs in its own process (see photon/runner.py).
-# Dagster's SQLite storage, each database's SQLAlchemy engine kept for the process (photon/sqlite_storage.py).
-storage:
-  custom:
-    module: photon.sqlite_storage
-    class: KeptEngineSqliteStorage
-    config:
-      base_dir: {dagster_home}
-run_monitoring:
-  enabled: true
-  poll_interval_seconds: 30
-# Under `photon up`, each run is a fork of one warm process that imported Dagster, the code location and
-# the Spark Connect client once (photon/run_server.py); without that server (`dagster dev`), Dagster's
-# default way: a new process per run.
-run_launcher:
-  module: photon.run_server
-  class: ForkServerRunLauncher
-  config:
-    socket_path: {run_server_socket}
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
-  config:
-    # A queued run waits for the next dequeue: every second, not the default 5 s (a run's latency).
-    dequeue_interval_seconds: 1
-    # Two slots for the work units (a query run and a click run side by side) and one for the work
-    # kept off the click path: by priority alone, work units under load took both slots and a check,
-    # refresh or maintenance run waited until the queue held no work unit at all.
-    max_concurrent_runs: 3
-    tag_concurrency_limits:
-      # Every work unit's run has this tag (its value the unit's id): two at a time, whatever the id.
-      - key: photon/work_unit
-        limit: 2
-      # The embedded registry is a DuckDB file that one process at a time may hold.
-      - key: photon/uses_registry
-        value: "true"
-        limit: 1
-      # Work kept off the click path (aggregates refresh, table maintenance, table checks;
-      # photon_assets/jobs.py) and the freshness check's runs take one slot at most: the third.
-      - key: photon/off_click_path
-        value: "true"
-        limit: 1
-      - key: dagster/sensor_name
-        value: joined_clicks_freshness_sensor
-        limit: 1
-# Each sensor the daemon ticks on a thread of its own: a click log dispatcher's tick may wait for its
-# run in flight to finish (sensors/dispatcher.py: await_run_end) while the others tick. `photon run`
-# ticks them itself, one after another, and its ticks never wait.
-sensors:
-  use_threads: true
-  num_workers: 8
-telemetry:
-  enabled: false
-# No community sign-up dialog over the UI of a deployment.
-nux:
-  enabled: false
-"""
-
-def instance_yaml(dagster_home: Path, run_server_socket: Path) -> str:
-    """The data directory's dagster.yaml (DAGSTER_YAML)."""
-    return DAGSTER_YAML.format(dagster_home=json.dumps(str(dagster_home)), run_server_socket=json.dumps(str(run_server_socket)))
-
-
-def run_server_socket(layout: DataLayout) -> Path:
-    """Where `photon up`'s run server (photon/run_server.py) listens."""
-    return layout.root / "state" / "up" / "run_server.sock"
-
-
-class RunnerError(RuntimeError):
-    """A condition that stops `photon run` with a one-line message."""
-
-
-class DeploymentRunning(RunnerError):
-    """A datacenter is `photon up`'s: its deployment owns the runs (and runs the checks itself)."""
-
-
-def up_lock(layout: DataLayout) -> Path:
-    """`photon up`'s lock: held while it runs, and holding its pid."""
-    return layout.root / "state" / "locks" / "up.lock"
-
-
-def running_up(layout: DataLayout) -> str | None:
-    """The pid of the `photon up` running on this data directory, if one is."""
-    try:
-        with open(up_lock(layout)) as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return lock.read().strip() or "?"
-    except FileNotFoundError:
-        pass
-    return None
-
-
-@contextmanager
-def exclusive(layout: DataLayout, datacenters: list[str]):
-    """One `photon run` per datacenter of a data directory: it owns every unfinished run of its
-    datacenters. Pipelines of other datacenters may run in other processes at the same time."""
-    locks = layout.root / "state" / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with ExitStack() as held:
-        for dc in sorted(datacenters):
-            lock = held.enter_context(open(locks / f"{dc}.lock", "a"))
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                up = running_up(layout)
-                if up is not None:
-                    raise DeploymentRunning(f"photon up (pid {up}) is running datacenter {dc} of {layout.root}") from None
-                raise RunnerError(f"another photon run is running datacenter {dc} of {layout.root}") from None
-        yield
-
-
-def prepare_environment(layout: DataLayout, datacenters: list[str], run_log_level: str) -> None:
-    os.environ[DATA_DIR_ENV] = str(layout.root)
-    os.environ[RUN_LOG_LEVEL_ENV] = run_log_level
-    os.environ[DATACENTERS_ENV] = ",".join(datacenters)
-    os.environ["DAGSTER_HOME"] = str(layout.dagster_home)
-    layout.dagster_home.mkdir(parents=True, exist_ok=True)
-    yaml = layout.dagster_home / "dagster.yaml"
-    text = instance_yaml(layout.dagster_home, run_server_socket(layout))
-    if not yaml.exists() or yaml.read_text() != text:
-        # Renamed into place whole: another datacenter's `photon run` starting at the same moment
-        # must never load a half-written file.
-        partial = yaml.with_name(f".dagster.yaml.{os.getpid()}")
-        partial.write_text(text)
-        partial.replace(yaml)
-
-
-def headless_instance(layout: DataLayout) -> dg.DagsterInstance:
-    """The data directory's instance. Its SQLite storages are created (schema and migration stamp)
-    under a lock: two datacenters' `photon run` starting at once on a new directory would both
-    stamp the schema version, which Dagster then refuses to open."""
-    with open(layout.dagster_home / ".storage.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        instance = instance_at(layout.dagster_home, in_process_runs=True)
-        instance.get_runs_count()
-        instance.all_instigator_state()
-        instance.fetch_materializations(dg.AssetKey("joined_clicks"), limit=1)
-    return instance
-
-
-def fail_orphaned_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> int:
-    """Runs of these datacenters left unfinished by a `photon run` or `photon up` that died (we hold
-    their locks): mark them failed, so that the dispatchers retry their work units. A daemon's run
-    process outlives a `photon up` killed by SIGKILL; it is killed first, so it cannot write while its
-    work unit is retried."""
-    unfinished = instance.get_runs(dg.RunsFilter(statuses=[*UNFINISHED, dg.DagsterRunStatus.CANCELING]))
-    orphans = [run for run in unfinished if run.tags.get(TAG_DC) in datacenters]
-    for run in orphans:
-        pid = kill_run_process(instance, run.run_id)
-        reason = f"its process (pid {pid}) outlived the photon up that launched it; killed" if pid else \
-            "the photon run or photon up process executing it died"
-        instance.report_run_failed(run, reason)
-    return len(orphans)
 
 
 def workspace(instance: dg.DagsterInstance):
@@ -241,95 +70,6 @@ def loaded_sensors(context) -> list:
     return [sensor for sensor in sensors if sensor.name not in (FRESHNESS_SENSOR, CHECKS_SENSOR)]
 
 
-REGISTRY_START_SECONDS = 60.0
-
-
-def last_line(path: str) -> str:
-    with open(path, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-        lines = f.read().decode("utf-8", "replace").strip().splitlines()
-    return lines[-1][:300] if lines else ""
-
-
-def die_with_parent() -> None:
-    """In a child process (registry, `photon up`'s components): SIGTERM when its parent dies, even by
-    SIGKILL (Linux prctl)."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def stop_if_exited(name: str, process: subprocess.Popen, log: Path, hint: str = "") -> None:
-    """A child this process depends on and nothing restarts (the local registry service, `photon
-    up`'s components) stops it once it exited: RunnerError naming it, its exit status and its log."""
-    if process.poll() is not None:
-        raise RunnerError(f"{name} exited with status {process.returncode}; {hint}see {log}")
-
-
-def registry_log(layout: DataLayout) -> Path:
-    return layout.root / "state" / "registry.log"
-
-
-@contextmanager
-def registry_service(layout: DataLayout, log: logging.Logger):
-    """Uses the registry service at PHOTON_REGISTRY_ADDRESS, or starts a local one on the data
-    directory's registry files for the duration of this `photon run` (or `photon check`, or
-    `photon up`) (the README's commands keep working with nothing else running). Yields the local
-    service's process (None for a service at PHOTON_REGISTRY_ADDRESS), for its owner to watch."""
-    if os.environ.get(ADDRESS_ENV):
-        yield None
-        return
-    ready = layout.root / "state" / "registry.address"
-    ready.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + REGISTRY_START_SECONDS
-    with open(layout.root / "state" / "locks" / "registry.lock", "a") as owner, \
-            open(registry_log(layout), "ab") as output:
-        try:
-            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunnerError(
-                f"the registry of {layout.root} is served by another photon run; to run datacenters in "
-                "separate processes, start `photon registry serve` once and set " + ADDRESS_ENV + " for each"
-            ) from None
-        while True:
-            ready.unlink(missing_ok=True)
-            server = subprocess.Popen(
-                [sys.executable, "-m", "photon.cli", "registry", "serve", "--data-dir", str(layout.root),
-                 "--port", "0", "--ready-file", str(ready)],
-                # A session of its own: a signal to the caller's process group (a terminal's Ctrl-C,
-                # systemd's stop) reaches the caller alone, which stops the service last, after the
-                # runs that use it; it dies with the caller all the same (die_with_parent).
-                stdout=output, stderr=output, cwd=REPO_ROOT, preexec_fn=die_with_parent, start_new_session=True,
-            )
-            while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if ready.exists():
-                break
-            exited = server.poll()
-            server.kill()
-            server.wait()
-            # A server of a `photon run` that just died may still be closing the registry files.
-            if time.monotonic() >= deadline:
-                state = "still starting" if exited is None else f"exit status {exited}"
-                raise RunnerError(
-                    f"the local registry service did not start in {REGISTRY_START_SECONDS:.0f} s ({state}; "
-                    f"last log line: {last_line(output.name)!r}); see {output.name}"
-                )
-            time.sleep(1.0)
-        address = ready.read_text().strip()
-        log.info("local registry service at %s", address)
-        # Runs and the summary pick the service up from here (resources/id_registry.py).
-        os.environ[ADDRESS_ENV] = address
-        try:
-            yield server
-        finally:
-            del os.environ[ADDRESS_ENV]
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-
-
 def start_spark_session(log: logging.Logger) -> None:
     """Starts the process's Spark session (~5 s of JVM start on 2 cores) while Dagster's workspace
     loads; the first run's session request waits for it (resources/spark/session.py:
@@ -338,28 +78,6 @@ def start_spark_session(log: logging.Logger) -> None:
         spark_session()
     except Exception as error:  # the run that needs the session reports it again, as its error
         log.debug("early Spark session start failed: %s", error)
-
-
-@contextmanager
-def query_tailers(layout: DataLayout, datacenters: list[str], log: logging.Logger):
-    """The datacenters' query tailers (photon/tailers.py), for as long as the registry service."""
-    tailers = QueryTailers(layout, datacenters, log, TailSettings.of(pipeline_settings()).to_json()).start()
-    try:
-        yield tailers
-    finally:
-        tailers.stop()
-
-
-@contextmanager
-def datacenter_leases(layout: DataLayout, datacenters: list[str], log: logging.Logger):
-    """These datacenters' leases in the registry (resources/registry/ownership.py), held while the pipeline
-    runs: once one lapses, the other datacenters take over its share of the click lines."""
-    registry = registry_resource_from_env(str(layout.root), resolved=True).get()
-    with leases_held(registry, datacenters, pipeline_settings().lease_seconds, log):
-        yield
-
-
-MAX_RECOVERY_ROUNDS = 2  # recovery, then pipeline and verification again; more would repeat itself
 
 
 def run_until_idle(
@@ -373,10 +91,9 @@ def run_until_idle(
     MAX_RECOVERY_ROUNDS times. Returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
-    with exclusive(layout, datacenters), registry_service(layout, log) as registry, \
-            datacenter_leases(layout, datacenters, log), query_tailers(layout, datacenters, log) as tailers:
-        # Only after the registry child is forked: its `preexec_fn` is not safe while another thread
-        # runs (subprocess's documentation), and this one forks the JVM.
+    tailing = TailSettings.of(pipeline_settings()).to_json()
+    with exclusive(layout, datacenters), Supervisor(log) as supervisor, local_registry(supervisor, layout), \
+            datacenter_leases(layout, datacenters, log), query_tailers(supervisor, layout, datacenters, tailing):
         threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
         instance = headless_instance(layout)
         orphans = fail_orphaned_runs(instance, datacenters)
@@ -399,7 +116,7 @@ def run_until_idle(
             try:
                 while True:
                     drain(Drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds,
-                                first_run, registry, min_seconds, tailers))
+                                first_run, supervisor, min_seconds))
                     checks = verify(instance, layout)
                     verification = {check.name: check.passed for check in checks}
                     if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
@@ -485,9 +202,9 @@ def off_click_passes(context, log: logging.Logger):
 @dataclass
 class Drain:
     """What `photon run`'s passes go by until idle: the instance and workspace with the sensors, these
-    datacenters, when it started and may go on until, the runs there were before it, this process's
-    own registry service (None: a service at PHOTON_REGISTRY_ADDRESS, which its operator restarts)
-    and query tailers."""
+    datacenters, when it started and may go on until, the runs there were before it, and the
+    supervisor of its children (its registry service, unless PHOTON_REGISTRY_ADDRESS names one, and
+    its query tailers)."""
 
     instance: dg.DagsterInstance
     context: object
@@ -498,9 +215,8 @@ class Drain:
     started: float
     timeout_seconds: float
     first_run: int
-    registry: subprocess.Popen | None
+    supervisor: Supervisor
     min_seconds: float = 0.0
-    tailers: QueryTailers | None = None
 
     def runs(self) -> int:
         return own_runs(self.instance, self.datacenters)
@@ -508,8 +224,9 @@ class Drain:
 
 def drain(d: Drain) -> None:
     """Sensor passes until IDLE_PASSES in a row launch nothing and nothing of these datacenters
-    waits, and min_seconds have passed since the start. Stops when this process's own registry
-    service exited: nothing would restart it, and every run would fail until the timeout."""
+    waits, and min_seconds have passed since the start. Each pass first looks at the children: a
+    fatal one that exited (this process's own registry service: every run would fail until the
+    timeout) stops it with one line; a query tailer is restarted."""
     with off_click_passes(d.context, d.log.getChild("sensors")):
         _drain(d)
 
@@ -519,11 +236,7 @@ def _drain(d: Drain) -> None:
     while idle < IDLE_PASSES or time.monotonic() - d.started < d.min_seconds:
         if time.monotonic() - d.started > d.timeout_seconds:
             raise RunnerError(f"not idle after {d.timeout_seconds:.0f} s; state is kept, run again to continue")
-        if d.registry is not None:
-            stop_if_exited("the local registry service", d.registry, registry_log(d.layout),
-                           "state is kept, run again to continue; ")
-        if d.tailers is not None:
-            d.tailers.watch()
+        d.supervisor.watch()
         pass_started = time.monotonic()
         before = d.runs()
         sensor_pass(d.context, d.log.getChild("sensors"), click_pass_order, PASS_INTERVAL_SECONDS)
@@ -534,31 +247,6 @@ def _drain(d: Drain) -> None:
         if launched:
             d.log.info("pass launched %d run(s); %d run(s) so far", launched, d.runs() - d.first_run)
         time.sleep(max(0.0, PASS_INTERVAL_SECONDS - (time.monotonic() - pass_started)))
-
-
-def storage_lost(layout: DataLayout) -> bool:
-    """Whether a table recovery can repair references data files that are gone."""
-    from photon_assets.recovery import REPAIRABLE_TABLES
-    from spark_ops.verification import missing_data_files
-
-    paths = [layout.table(name) for name in REPAIRABLE_TABLES if table_committed(layout.table(name))]
-    return any(missing_data_files(path) for path in paths)
-
-
-def recover(instance: dg.DagsterInstance, log: logging.Logger) -> dict:
-    """Runs the recovery job as a recorded run of the instance; returns what it did."""
-    from photon_assets.recovery import RECOVER_JOB
-
-    result = execute_job(instance, RECOVER_JOB)
-    if not result.success:
-        raise RunnerError(f"the recovery job failed (run {result.run_id}); see its logs in the Dagster UI")
-    outcome = result.output_for_node("recover_clicks")
-    log.info("recovery: %s", outcome)
-    return outcome
-
-
-def recovery_did_work(outcome: dict) -> bool:
-    return bool(outcome["reinjected"] or outcome["token_ids_cleared"] or any(outcome["missing_files"].values()))
 
 
 def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: DataLayout, datacenters: list[str]) -> list[str]:
@@ -604,54 +292,3 @@ def dispatchers_waiting(instance: dg.DagsterInstance, sensors: list, layout: Dat
     return waiting
 
 
-@functools.cache
-def code_location() -> dg.Definitions:
-    """The code location whose jobs this process executes, built once, on first use: it reads the
-    data directory from the environment."""
-    from photon.code_location import definitions_from_env
-
-    return definitions_from_env()
-
-
-def execute_job(instance: dg.DagsterInstance, job_name: str, tags: dict | None = None,
-                asset_check_selection: set[dg.AssetCheckKey] | None = None):
-    """Runs a job of the code location in this process, as a recorded run of the instance; with
-    `asset_check_selection`, only those checks of it (a subset run: no asset is materialized)."""
-    job = code_location().resolve_job_def(job_name)
-    if asset_check_selection is not None:
-        job = job.get_subset(asset_check_selection=asset_check_selection)
-    return job.execute_in_process(
-        run_config={"loggers": {"console": {"config": {"log_level": os.environ[RUN_LOG_LEVEL_ENV]}}}},
-        instance=instance,
-        raise_on_error=False,
-        tags=tags,
-    )
-
-
-def run_verify_job(instance: dg.DagsterInstance, layout: DataLayout, checks_only: bool = False,
-                   tags: dict | None = None):
-    """Runs the `verify` job (the aggregate refreshed from the change feed, then every asset check,
-    whose aggregates check compares it with a full aggregation; with `checks_only`,
-    the checks alone, reading the tables as they are) as a recorded run of the instance, with every
-    table locked: a pipeline of another datacenter in another process waits at its next commit, so
-    that the checks see one consistent state. Returns the ExecuteInProcessResult."""
-    from photon_assets.checks import ALL_CHECKS
-
-    selection = {check.check_key for check in ALL_CHECKS} if checks_only else None
-    with tables_locked([layout.table(name) for name in TABLES]):
-        return execute_job(instance, VERIFY_JOB, tags=tags or {"photon/kind": "verify"},
-                           asset_check_selection=selection)
-
-
-def pending_clicks(checks: list[CheckOutcome]) -> int | None:
-    """The pending clicks clicks_accounted_for counted (photon_assets/checks.py, the one home of which
-    clicks are pending); None if that check raised."""
-    from photon_assets.checks import clicks_accounted_for
-
-    name = clicks_accounted_for.check_key.name
-    return next(check.metadata.get("pending") for check in checks if check.name == name)
-
-
-def verify(instance: dg.DagsterInstance, layout: DataLayout) -> list[CheckOutcome]:
-    """The `verify` job's outcome per check (see run_verify_job)."""
-    return outcomes(run_verify_job(instance, layout))

@@ -10,7 +10,7 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from photon.runner import headless_instance
+from photon.deployment import headless_instance
 from photon_assets.checks import ALL_CHECKS
 from resources.spark.session import SPARK_REMOTE_ENV
 from resources.state.layout import DataLayout

@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from photon.run_processes import run_process, stat_fields
-from photon.runner import headless_instance
+from photon.deployment import headless_instance
 from photon_assets.work_unit import UNFINISHED
 from resources.spark.connect_server import SERVER_MARKER, free_port
 from resources.spark.session import SPARK_REMOTE_ENV

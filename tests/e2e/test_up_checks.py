@@ -26,7 +26,7 @@ import deltalake
 import pytest
 from playwright.sync_api import expect
 
-from photon.runner import headless_instance
+from photon.deployment import headless_instance
 from photon_assets.jobs import CHECK_TABLES_JOB, JOIN_CLICKS_JOB
 from photon_assets.work_unit import UNFINISHED
 from resources.spark.connect_server import free_port

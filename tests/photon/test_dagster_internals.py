@@ -8,7 +8,8 @@ import time
 import dagster._daemon.sensor as sensor_daemon
 
 from photon.dagster_internals import in_process_workspace, instance_at, remote_sensors, sensor_pass
-from photon.runner import PASS_INTERVAL_SECONDS, instance_yaml
+from photon.deployment import instance_yaml
+from photon.runner import PASS_INTERVAL_SECONDS
 from resources.state.layout import DATA_DIR_ENV, REPO_ROOT
 from sensors.freshness import FRESHNESS_SENSOR
 

@@ -148,7 +148,7 @@ def test_fed_times_name_each_querys_writer_time_and_minus_one_for_a_writer_not_s
 
 def test_a_tailer_ends_with_its_parent_even_when_signalled_twice(workload, tmp_path):
     """A tailer's parent (photon run, photon up) killed with SIGKILL: the kernel sends the tailer
-    SIGTERM (photon/tailers.py), and it exits, with more SIGTERMs on top. Its handler once set the
+    SIGTERM (photon/supervisor.py starts every child under `setpriv --pdeathsig`), and it exits, with more SIGTERMs on top. Its handler once set the
     Event its loop waited on, and a second signal landing while the first handler held that Event's
     lock deadlocked it: a tailer outlived the fault test that started it. That race is too narrow
     to hit on demand here (this test passed 2 of 3 times against that handler)."""
@@ -171,10 +171,11 @@ def test_a_tailer_ends_with_its_parent_even_when_signalled_twice(workload, tmp_p
         while not ready.exists():
             assert server.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        script = ("import logging, sys, time; from pathlib import Path; from photon.tailers import QueryTailers; "
-                  "from resources.state.layout import DataLayout; "
-                  "t = QueryTailers(DataLayout(Path(sys.argv[1])), ['dc1'], logging.getLogger(), sys.argv[2]).start(); "
-                  "print(t.pids()['dc1'], flush=True); time.sleep(600)")
+        script = ("import contextlib, logging, sys, time; from pathlib import Path; "
+                  "from photon.components import query_tailers; from photon.supervisor import Supervisor; "
+                  "from resources.state.layout import DataLayout; s = Supervisor(logging.getLogger()); held = contextlib.ExitStack(); "
+                  "names = held.enter_context(query_tailers(s, DataLayout(Path(sys.argv[1])), ['dc1'], sys.argv[2])); "
+                  "print(s.pid(names[0]), flush=True); time.sleep(600)")
         parent = subprocess.Popen([sys.executable, "-c", script, str(workload.root), SETTINGS.to_json()], cwd=REPO_ROOT,
                                   stdout=subprocess.PIPE, text=True,
                                   env={**os.environ, "PHOTON_REGISTRY_ADDRESS": f"127.0.0.1:{port}"})

@@ -15,7 +15,7 @@ from dagster._core.launcher import WorkerStatus
 
 from photon.dagster_internals import instance_at
 from photon.run_server import ForkServerRunLauncher
-from photon.runner import prepare_environment, run_server_socket
+from photon.deployment import prepare_environment, run_server_socket
 from resources.spark.connect_server import free_port
 from resources.state.layout import DataLayout
 

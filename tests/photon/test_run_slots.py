@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from dagster._utils.tags import TagConcurrencyLimitsCounter  # what QueuedRunCoordinatorDaemon applies
 
-from photon.runner import instance_yaml
+from photon.deployment import instance_yaml
 from photon_assets.jobs import OFF_CLICK_PATH_TAGS, REGISTRY_TAGS, STREAM_JOBS, WORK_UNIT_TAGS
 from sensors.dispatcher import work_unit_request
 

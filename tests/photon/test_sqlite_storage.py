@@ -8,7 +8,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from photon.dagster_internals import instance_at
-from photon.runner import instance_yaml
+from photon.deployment import instance_yaml
 from photon.sqlite_storage import KeptEngineSqliteStorage, engines_kept
 
 
