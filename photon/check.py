@@ -36,14 +36,14 @@ def run_checks(layout: DataLayout, datacenters: list[str], log: logging.Logger,
     """Runs every check as one recorded run of the data directory's instance; returns the outcomes
     and the run id. Raises RunnerError when a `photon run` owns one of the datacenters, or the
     registry is served by another process."""
-    from photon.components import local_registry
+    from photon.registry_cluster import registry_for
     from photon.deployment import exclusive, headless_instance, prepare_environment
     from photon.supervisor import Supervisor
     from photon.verify import run_verify_job
 
     prepare_environment(layout, datacenters, run_log_level)
     # No Spark session: the checks read the tables with DuckDB (spark_ops/verification.py).
-    with exclusive(layout, datacenters), Supervisor(log) as supervisor, local_registry(supervisor, layout):
+    with exclusive(layout, datacenters), Supervisor(log) as supervisor, registry_for(supervisor, layout, None):
         instance = headless_instance(layout)
         result = run_verify_job(instance, layout, checks_only=True, tags=CHECK_TAGS)
         return outcomes(result), result.run_id

@@ -32,6 +32,40 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def add_registry_command(commands) -> None:
+    """`photon registry serve | stats | reshard` (the shared secret: env PHOTON_REGISTRY_SECRET)."""
+    registry = commands.add_parser("registry", help="the IdRegistry service (shared secret: env PHOTON_REGISTRY_SECRET)")
+    actions = registry.add_subparsers(dest="registry_command", required=True, parser_class=OneLineParser)
+    serve = actions.add_parser("serve", help="serve the registry under DIR/registry until SIGTERM/SIGINT: the "
+                               "registry of one machine; one replica of the replicated registry (--replica); or a "
+                               "whole replicated registry, etcd members and replicas (--replicas)")
+    for flag, options in (
+        ("--data-dir", {"required": True, "type": Path}),
+        ("--host", {"default": "127.0.0.1"}),
+        ("--port", {"type": int, "help": "0 picks a free port (see --ready-file); required but with --replicas"}),
+        ("--shards", {"type": int, "default": 1, "help": "initial shard count of a new registry"}),
+        ("--gc-threshold-days", {"type": float, "default": 3.0}),
+        ("--ready-file", {"type": Path, "help": "write the bound HOST:PORT here once serving"}),
+        ("--replica", {"help": "serve this replica of the replicated registry (state in DIR/registry/NAME)"}),
+        ("--etcd", {"help": "the etcd cluster of --replica: http://HOST:PORT,... (default: env PHOTON_REGISTRY_ETCD)"}),
+        ("--replicas", {"type": int, "help": "start and keep a replicated registry of N etcd members and N replicas "
+                        "under DIR/registry (with PHOTON_REGISTRY_ETCD, replicas only, on that cluster)"}),
+    ):
+        serve.add_argument(flag, **options)
+    stats = actions.add_parser("stats", help="print the server's counters and shard configuration as JSON")
+    stats.add_argument("--address", required=True, help="HOST:PORT (a replica's, for the replicated registry)")
+    reshard = actions.add_parser("reshard", help="use N shards for ids from a future time on")
+    reshard.add_argument("--address", required=True, help="HOST:PORT[,HOST:PORT...]")
+    reshard.add_argument("--shards", required=True, type=int)
+    reshard.add_argument("--effective-at-us", type=int, help="default: now + the server's max clock skew")
+
+
+def add_registry_replicas(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--registry-replicas", type=int, help="the replicated registry: a local etcd cluster of N "
+                         "members and N replicas under DIR/registry, kept for the next run (default: the one DIR "
+                         "has, else the registry of one machine)")
+
+
 def add_data_commands(commands) -> None:
     """`gen` and `replicate`: the logs a pipeline reads."""
     g = commands.add_parser("gen", help="write a synthetic workload of query and click logs")
@@ -61,6 +95,7 @@ def add_pipeline_commands(commands) -> None:
                    help="keep tailing the logs at least this long before idle counts (logs still being written)")
     r.add_argument("--verbose", action="store_true", help="log every tick and run event")
     add_spark_remote(r)
+    add_registry_replicas(r)
 
     u = commands.add_parser("up", help="the whole deployment on DIR until SIGINT/SIGTERM: registry service, Spark"
                                         " Connect server, dagster-daemon with the dispatchers running, dagster-webserver")
@@ -70,6 +105,7 @@ def add_pipeline_commands(commands) -> None:
     u.add_argument("--spark-master", default="local[2]",
                    help="the Connect server's master: local[N], or spark://HOST:PORT of a standalone cluster")
     u.add_argument("--verbose", action="store_true", help="log more of each component")
+    add_registry_replicas(u)
 
     c = commands.add_parser("check", help="run every asset check against a data directory, recorded in its"
                                           " Dagster instance")
@@ -89,21 +125,7 @@ def add_service_commands(commands) -> None:
     sc.add_argument("--master", default="local[2]", help="local[N], or spark://HOST:PORT of a standalone cluster")
     sc.add_argument("--driver-memory", help="the JVM heap (default: resources/spark/session.py DRIVER_MEMORY, 2g)")
 
-    reg = commands.add_parser("registry", help="the IdRegistry service (shared secret: env PHOTON_REGISTRY_SECRET)")
-    actions = reg.add_subparsers(dest="registry_command", required=True, parser_class=OneLineParser)
-    s = actions.add_parser("serve", help="serve the registry under DIR/registry until SIGTERM/SIGINT")
-    s.add_argument("--data-dir", required=True, type=Path)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", required=True, type=int, help="0 picks a free port (see --ready-file)")
-    s.add_argument("--shards", type=int, default=1, help="initial shard count of a new registry")
-    s.add_argument("--gc-threshold-days", type=float, default=3.0)
-    s.add_argument("--ready-file", type=Path, help="write the bound HOST:PORT here once serving")
-    st = actions.add_parser("stats", help="print the server's counters and shard configuration as JSON")
-    st.add_argument("--address", required=True, help="HOST:PORT")
-    rs = actions.add_parser("reshard", help="use N shards for ids from a future time on")
-    rs.add_argument("--address", required=True, help="HOST:PORT")
-    rs.add_argument("--shards", required=True, type=int)
-    rs.add_argument("--effective-at-us", type=int, help="default: now + the server's max clock skew")
+    add_registry_command(commands)
     es = commands.add_parser("event-store", help="the EventStore's long-lived parts")
     es_actions = es.add_subparsers(dest="event_store_command", required=True, parser_class=OneLineParser)
     t = es_actions.add_parser("tail", help="feed a datacenter's memory tier in the registry service from its "
@@ -204,7 +226,7 @@ def command_run(args) -> int:
     try:
         summary = run_until_idle(
             layout, datacenters, log, args.timeout_seconds, run_log_level="DEBUG" if args.verbose else "WARNING",
-            min_seconds=args.min_seconds,
+            min_seconds=args.min_seconds, registry_replicas=args.registry_replicas,
         )
     except RunnerError as error:
         print(f"photon: error: {error}", file=sys.stderr)
@@ -233,7 +255,8 @@ def command_up(args) -> int:
     datacenters = choose_datacenters(layout, args.datacenters)
     log = console_log(args.verbose, ("dagster", "py4j", "alembic"))
     try:
-        return bring_up(layout, datacenters, args.port, args.spark_master, log)
+        return bring_up(layout, datacenters, args.port, args.spark_master, log,
+                        registry_replicas=args.registry_replicas)
     except RunnerError as error:
         print(f"photon: error: {error}", file=sys.stderr)
         return 1
@@ -297,20 +320,40 @@ def command_event_store(args) -> int:
     return 0
 
 
+def serve_registry(args, secret: str | None) -> int:
+    """`photon registry serve`, in one of its three forms (see its help)."""
+    from resources.registry.etcd_log import Credentials, parse_endpoints
+    from resources.registry.service import ReplicaServing, serve, serve_replica
+
+    if args.replicas is not None:
+        from photon.registry_cluster import serve_cluster
+
+        return serve_cluster(DataLayout(args.data_dir.resolve()), args.replicas)
+    if args.port is None or not 0 <= args.port < 65536:
+        raise ValueError(f"--port {args.port} is not a port number")
+    if args.shards < 1:
+        raise ValueError(f"--shards must be at least 1, got {args.shards}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    if args.replica:
+        endpoints = args.etcd or os.environ.get("PHOTON_REGISTRY_ETCD")
+        if not endpoints:
+            raise ValueError("--replica needs the etcd cluster: --etcd or PHOTON_REGISTRY_ETCD")
+        layout = DataLayout(args.data_dir.resolve())
+        serving_at = ReplicaServing(parse_endpoints(endpoints), args.host, args.port, secret, args.ready_file,
+                                    Credentials.from_env(os.environ))
+        serve_replica(args.replica, layout.registry_dir / args.replica, serving_at, args.gc_threshold_days)
+        return 0
+    serve(args.data_dir, args.host, args.port, args.shards, args.gc_threshold_days, secret, args.ready_file)
+    return 0
+
+
 def command_registry(args) -> int:
     from resources.registry.api import SECRET_ENV
     from resources.registry.client import RemoteIdRegistry
-    from resources.registry.service import serve
 
     secret = os.environ.get(SECRET_ENV) or None
     if args.registry_command == "serve":
-        if not 0 <= args.port < 65536:
-            raise ValueError(f"--port {args.port} is not a port number")
-        if args.shards < 1:
-            raise ValueError(f"--shards must be at least 1, got {args.shards}")
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-        serve(args.data_dir, args.host, args.port, args.shards, args.gc_threshold_days, secret, args.ready_file)
-        return 0
+        return serve_registry(args, secret)
     # The one-line error below is the report; per-attempt retry warnings would only repeat it.
     logging.getLogger("resources.registry.client").setLevel(logging.ERROR)
     registry = RemoteIdRegistry(args.address, secret, timeout_seconds=10, max_attempts=3)

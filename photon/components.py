@@ -119,6 +119,26 @@ def daemon_command(launch: Launch) -> list[str]:
     return [str(BIN / "dagster-daemon"), "run", "-w", str(launch.options["workspace"])]
 
 
+def etcd_command(launch: Launch) -> list[str]:
+    """A member of the replicated registry's local etcd cluster (photon/registry_cluster.py). Raft's
+    timing is raised from etcd's 100 ms heartbeat and 1 s election: on two cores beside Spark a member
+    missed heartbeats and the cluster elected leaders (and held writes) for nothing."""
+    o = launch.options
+    client, peer = f"http://{o['host']}:{launch.port}", f"http://{o['host']}:{o['member']['peer_port']}"
+    return ["etcd", "--name", o["member"]["name"], "--data-dir", str(o["dir"]), "--listen-client-urls", client,
+            "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", o["peers"], "--initial-cluster-state", o["state"], "--initial-cluster-token",
+            o["token"], "--heartbeat-interval", "250", "--election-timeout", "2500", "--logger", "zap",
+            "--log-level", "warn"]
+
+
+def replica_command(launch: Launch) -> list[str]:
+    o = launch.options
+    return [sys.executable, "-m", "photon.cli", "registry", "serve", "--data-dir", str(launch.layout.root),
+            "--replica", o["name"], "--etcd", o["endpoints"], "--host", o["host"], "--port", str(launch.port),
+            "--ready-file", str(o["dir"] / "ready")]
+
+
 @dataclass(frozen=True)
 class Component:
     """A row of the table: how a component is started, known ready, restarted and stopped."""
@@ -159,6 +179,13 @@ COMPONENTS = {c.name: c for c in (
     # The registry of one machine: nothing else holds its ids, so its exit stops the deployment.
     Component("registry", registry_command, lambda l: FileWritten(registry_ready_file(l.layout)), FATAL, 6, 30.0,
               lambda l: l.layout.root / "state" / "registry.log", title="the local registry service"),
+    # The replicated registry (photon/registry_cluster.py): any one replica or member may die, the others
+    # go on; restarted, it catches up (a replica copies a live one's state if the log moved past it).
+    Component("registry-replica", replica_command, lambda l: FileWritten(l.options["dir"] / "ready"), RESTARTED, 6,
+              10.0, lambda l: l.layout.root / "state" / f"registry-replica-{l.of}.log", ready_seconds=300.0,
+              title="registry replica {of}"),
+    Component("etcd", etcd_command, lambda l: Listening(l.port), RESTARTED, 7, 5.0,
+              lambda l: l.layout.root / "state" / f"etcd-{l.of}.log", title="etcd member {of}"),
 )}
 
 

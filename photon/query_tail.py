@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from resources.event_store.memory_tier import TierLost
 from resources.event_store.progress import QueryProgress, QueryTail
 from resources.event_store.tail_segments import TailSegments
 from resources.registry.api import IdRegistry
@@ -101,12 +102,15 @@ class QueryTailer:
         self.segments = TailSegments(layout.query_tail_segments_dir(dc), settings.max_line_bytes)
         self._cut_read_at = 0.0
         self._mirrored_at = float("-inf")
-        state = registry.tail_state(dc)
+        self._resume(registry.tail_state(dc))
+
+    def _resume(self, state: dict | None) -> None:
+        """Goes on from what the memory tier holds of this datacenter (`tail_state`), or starts over."""
         if state is None:
             # A registry service that holds nothing of this datacenter: start over, and so do the
             # mirrors, which would otherwise claim what the new memory tier does not hold.
-            for path in (layout.query_tail_file(dc), layout.query_tail_progress_file(dc),
-                         layout.watermark_file(dc, "query_tail")):
+            for path in (self.layout.query_tail_file(self.dc), self.layout.query_tail_progress_file(self.dc),
+                         self.layout.watermark_file(self.dc, "query_tail")):
                 path.unlink(missing_ok=True)
             state = {"part": 0, "offsets": {}, "writers": {}}
         self.part, self.offsets, self.writers = state["part"], dict(state["offsets"]), dict(state["writers"])
@@ -121,7 +125,14 @@ class QueryTailer:
         while pending:
             ranges, pending = self._within_budget(pending)
             done.bytes_read += sum(end - start for _, start, end in ranges)
-            done.lines_put += self._put(ranges)
+            try:
+                done.lines_put += self._put(ranges)
+            except TierLost as error:
+                # The tier this tailer fed is gone (a replica of the registry died, or this client
+                # moved to another): the one it reaches now holds nothing of this datacenter.
+                log.warning("%s; starting over from the logs' first byte", error)
+                self._resume(self.registry.tail_state(self.dc))
+                break
             self._mirror()  # after a put (a backlog's puts take seconds each: its cut follows them put by put)
         if not done.bytes_read:
             self._mirror()  # fresh: a tailer with nothing to read is still feeding

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from photon.components import local_registry, query_tailers
+from photon.components import query_tailers
 from photon.dagster_internals import in_process_workspace, remote_sensors, runs_on_several_threads, sensor_pass
 from photon.deployment import (RunnerError, datacenter_leases, exclusive, fail_orphaned_runs, headless_instance,
                                prepare_environment)
 from photon.query_tail import TailSettings
+from photon.registry_cluster import registry_for
 from photon.summary import summarize
 from photon.supervisor import Supervisor
 from photon.verify import MAX_RECOVERY_ROUNDS, pending_clicks, recover, recovery_did_work, storage_lost, verify
@@ -82,7 +83,7 @@ def start_spark_session(log: logging.Logger) -> None:
 
 def run_until_idle(
     layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING",
-    min_seconds: float = 0.0,
+    min_seconds: float = 0.0, registry_replicas: int | None = None,
 ) -> dict:
     """Ticks every dispatcher until a pass launches nothing and no failed work unit waits for a
     retry, and at least `min_seconds` have passed (logs still being written: the pipeline keeps
@@ -92,7 +93,7 @@ def run_until_idle(
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
     tailing = TailSettings.of(pipeline_settings()).to_json()
-    with exclusive(layout, datacenters), Supervisor(log) as supervisor, local_registry(supervisor, layout), \
+    with exclusive(layout, datacenters), Supervisor(log) as supervisor, registry_for(supervisor, layout, registry_replicas), \
             datacenter_leases(layout, datacenters, log), query_tailers(supervisor, layout, datacenters, tailing):
         threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
         instance = headless_instance(layout)

@@ -76,6 +76,9 @@ class Spec:
     # Called before each start, restarts included (e.g. an etcd member whose directory is gone is
     # replaced in the cluster before it starts again).
     before_start: Callable[[], None] | None = None
+    # The command made anew at each start, when its flags depend on state (an etcd member joins an
+    # existing cluster once the cluster was formed).
+    fresh_command: Callable[[], list[str]] | None = None
 
 
 @dataclass
@@ -118,10 +121,11 @@ class Supervisor:
         """Starts `spec` (see the module docstring) and returns its child; does not wait."""
         if spec.before_start is not None:
             spec.before_start()
+        command = spec.fresh_command() if spec.fresh_command is not None else spec.command
         spec.log.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log, "ab") as output:
             process = subprocess.Popen(
-                [*PDEATHSIG, *spec.command], cwd=REPO_ROOT, env=spec.env or dict(os.environ), stdout=output,
+                [*PDEATHSIG, *command], cwd=REPO_ROOT, env=spec.env or dict(os.environ), stdout=output,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         previous = self.children.get(spec.name)
         child = Child(spec, process, time.monotonic())

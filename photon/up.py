@@ -46,11 +46,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from photon.components import Launch, local_registry, query_tailers, spark_connect_launch, start_component
+from photon.components import Launch, query_tailers, spark_connect_launch, start_component
 from photon.deployment import (
     datacenter_leases, exclusive, fail_orphaned_runs, headless_instance, only_one_up, prepare_environment,
 )
 from photon.query_tail import TailSettings
+from photon.registry_cluster import registry_for
 from photon.run_processes import kill_run_process, process_alive_since, run_process
 from photon.supervisor import Supervisor
 from photon_assets.work_unit import TAG_DC, UNFINISHED
@@ -162,7 +163,7 @@ def start_components(supervisor: Supervisor, layout: DataLayout, remote: str, po
 
 
 def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master: str, log: logging.Logger,
-             ready=print) -> int:
+             ready=print, registry_replicas: int | None = None) -> int:
     """Runs the deployment until SIGINT/SIGTERM (exit 0) or until a fatal component exits (exit 1)."""
     stopping = []
 
@@ -185,7 +186,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             # Spark's JVM starts first: it takes longest, and needs nothing of the rest.
             spark_port = free_port()
             start_component(supervisor, "spark-connect", spark_connect_launch(layout, spark_port, spark_master))
-            held.enter_context(local_registry(supervisor, layout))
+            held.enter_context(registry_for(supervisor, layout, registry_replicas))
             held.enter_context(datacenter_leases(layout, datacenters, log))
             held.enter_context(query_tailers(supervisor, layout, datacenters,
                                              TailSettings.of(pipeline_settings()).to_json()))

@@ -4,7 +4,7 @@
 # (git-ignored), from where every Spark session loads them, and the JVM class archive made from them
 # (.cache/jvm); Apache Flink's own .venv-flink and jars
 # for the benchmark's Flink peer; and Debian's chromium for the browser test (tests/e2e/test_ui.py;
-# Playwright's own browser download is not reachable here).
+# Playwright's own browser download is not reachable here) and etcd for the replicated registry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,13 +69,19 @@ if [ ! -f "$flink_jars_stamp" ] || [ benchmarks/flink-jars-pom.xml -nt "$flink_j
   touch "$flink_jars_stamp"
 fi
 
-# Debian's chromium, for tests/e2e/test_ui.py: installed when missing and running as root (CI), else
-# one line saying what to install (the browser test then fails with the same line).
-if [ ! -x /usr/bin/chromium ]; then
+# Debian's packages: chromium, for tests/e2e/test_ui.py; etcd-server and etcd-client, the replicated
+# registry's log (photon/registry_cluster.py starts its members; etcdctl for the tests). Installed when
+# missing and running as root (CI), else one line saying what to install.
+missing=""
+[ -x /usr/bin/chromium ] || missing="$missing chromium"
+[ -x /usr/bin/etcd ] || missing="$missing etcd-server"
+[ -x /usr/bin/etcdctl ] || missing="$missing etcd-client"
+if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
   else
-    echo "setup: browser tests need Debian's chromium: sudo apt-get install chromium" >&2
+    echo "setup: needs Debian's$missing: sudo apt-get install$missing" >&2
   fi
 fi

@@ -153,13 +153,12 @@ def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, 
     def lookup(registry: IdRegistry, table: pa.Table) -> pa.Table:
         registered = registry.lookup(table.select(["click_id", "timestamp_us"])).select(["click_id", "token", "status"])
         registered = registered.rename_columns(["click_id", "registry_token", "registry_status"])
-        # Read before the lines: whatever the tailer had put by then is among them.
-        tail = registry.tail_state(dc, offsets=False)
-        lines = read_located(registry.recall_queries(dc, table.select(["query_id"])), query_dir, max_line_bytes)
-        lines = lines.select(["query_id", "timestamp_us", "line"])
+        # The tailer's writers' times read before the lines (whatever it had put by then is among
+        # them), the horizon after (an eviction meanwhile only raises it, so a miss it vouches for is
+        # one): three reads of one memory tier, in one call, answered by the process that holds it.
+        tail, recalled, horizon = registry.recall_with_tail(dc, table.select(["query_id"]))
+        lines = read_located(recalled, query_dir, max_line_bytes).select(["query_id", "timestamp_us", "line"])
         lines = lines.rename_columns(["query_id", "query_timestamp_us", "line"])
-        # Read after the lines: an eviction meanwhile only raises it, so a miss it vouches for is one.
-        horizon = registry.queries_horizon(dc)
         looked = with_columns_of(with_columns_of(table, registered, "click_id"), lines, "query_id")
         looked = looked.append_column("memory_horizon_ts", pa.array([horizon] * looked.num_rows, pa.int64()))
         query_ids = looked.column("query_id").combine_chunks()

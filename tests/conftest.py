@@ -6,6 +6,7 @@ and warming a JVM of its own. Under the full suite's workers (scripts/test.sh), 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,36 @@ def java_descendants(pid: int) -> list[int]:
         if ancestor == pid and (Path("/proc") / str(child) / "comm").read_text().strip() == "java":
             found.append(child)
     return found
+
+
+def start_etcd(directory: Path, members: int = 1) -> tuple[list[subprocess.Popen], list[str]]:
+    """A real etcd cluster of `members` on loopback (its members' data under `directory`), once a majority
+    serves; the processes (each in a group of its own) and the client endpoints."""
+    from resources.registry.etcd_log import Etcd, EtcdUnavailable
+    from resources.spark.connect_server import free_port
+
+    names = [f"etcd-{n}" for n in range(1, members + 1)]
+    clients = {name: free_port() for name in names}
+    peers = {name: free_port() for name in names}
+    cluster = ",".join(f"{name}=http://127.0.0.1:{peers[name]}" for name in names)
+    processes = []
+    for name in names:
+        client, peer = f"http://127.0.0.1:{clients[name]}", f"http://127.0.0.1:{peers[name]}"
+        with open(directory / f"{name}.log", "ab") as log:
+            processes.append(subprocess.Popen(
+                ["etcd", "--name", name, "--data-dir", str(directory / name), "--listen-client-urls", client,
+                 "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", "test",
+                 "--heartbeat-interval", "250", "--election-timeout", "2500", "--logger", "zap", "--log-level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    endpoints = [f"http://127.0.0.1:{clients[name]}" for name in names]
+    etcd = Etcd(endpoints)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            etcd.request("/kv/range", {"key": "AA==", "count_only": True}, deadline_seconds=1.0)
+            return processes, endpoints
+        except EtcdUnavailable:
+            if time.monotonic() > deadline:
+                stop_groups(processes)
+                raise

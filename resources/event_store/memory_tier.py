@@ -150,6 +150,12 @@ class Holding:
         return cls(int(doc["latest_valid_ts"]), float(doc["retention_seconds"]), int(doc["budget_bytes"]))
 
 
+class TierLost(RuntimeError):
+    """A tailer's put does not continue what this memory tier holds of its datacenter: the tier it fed
+    is gone (its process died, or the tailer's client moved to another replica of the registry). The
+    tailer starts over from the logs' first byte; the tier meanwhile vouches for no miss."""
+
+
 class RecentQueries:
     """Thread-safe; every call is short (Arrow compute over the pieces, no per-row Python)."""
 
@@ -201,8 +207,18 @@ class RecentQueries:
         not here, was never logged: that is what a click lookup vouches by once a tailer feeds the
         datacenter. Its pieces are keyed by the part number it counts up; a tailer that restarts
         reads `tail_state` and goes on from there. The state lives and dies with the pieces (this
-        process): a fresh one has none, and the tailer starts over from the logs' first byte."""
-        counts = self.put(dc, "tail", 1, int(tail["part"]), queries, None, holding)
+        process): a fresh one has none, and the tailer starts over from the logs' first byte. A put
+        that does not continue the parts held (the first must be part 1; then the same part again, a
+        retry, or the next) raises TierLost: its writers' times would vouch for queries this tier never
+        held."""
+        part = int(tail["part"])
+        with self._lock:
+            held = self._dcs.get(dc)
+            last = None if held is None or held.tail is None else held.tail["part"]
+        if (part != 1) if last is None else (part not in (last, last + 1)):
+            raise TierLost(f"memory tier lost: the query tailer of {dc} put part {part}, this tier holds "
+                           f"{'none' if last is None else f'up to part {last}'}")
+        counts = self.put(dc, "tail", 1, part, queries, None, holding)
         with self._lock:
             held = self._dcs[dc]
             offsets = {} if held.tail is None else held.tail["offsets"]

@@ -21,8 +21,11 @@ chooses one.
 
 from __future__ import annotations
 
+import contextvars
 from abc import ABC, abstractmethod
-from typing import Union
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Union
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -33,8 +36,83 @@ ArrowSource = Union[pa.Table, pa.RecordBatchReader, ds.Dataset]
 # The registry service's shared secret, for its server and its clients (`photon registry` reads it
 # here: the command does not load Dagster).
 SECRET_ENV = "PHOTON_REGISTRY_SECRET"
-# The registry service's address (`host:port`), for the processes that call it.
+# The registry service's address (`host:port`), for the processes that call it; for the replicated
+# registry, its replicas' addresses, comma-separated, the preferred (this datacenter's) first.
 ADDRESS_ENV = "PHOTON_REGISTRY_ADDRESS"
+
+
+# In a data directory's `registry/`, the replicated registry's configuration (photon/registry_cluster.py):
+# its presence says the ids live in the replicas (`registry/replica-<n>/`), never in this directory's own
+# files, which nothing may then open as the registry of one machine.
+REPLICATED_FILE = "replicated.json"
+
+
+class RegistryIsReplicated(ValueError):
+    """A data directory whose registry is replicated, opened as the registry of one machine."""
+
+
+def refuse_if_replicated(directory) -> None:
+    """RegistryIsReplicated (one line saying what to do) if `directory` (a data directory's
+    `registry/`) holds the replicated registry's configuration."""
+    from pathlib import Path
+
+    marker = Path(directory) / REPLICATED_FILE
+    if marker.exists():
+        raise RegistryIsReplicated(
+            f"the registry of {Path(directory).parent} is replicated ({marker}): reach its replicas with "
+            f"{ADDRESS_ENV} (`photon registry serve --replicas N` prints them), or give photon run / photon up "
+            "--registry-replicas N")
+
+
+class RegistryUnavailable(ConnectionError):
+    """The registry could not answer now (unreachable, or a replica without an etcd majority, or one
+    still catching up): the call may be retried, safely (a commit under the same token and request
+    id changes nothing twice)."""
+
+
+@dataclass
+class CallContext:
+    """What a registry server knows of the call it serves beyond its arguments (resources/registry/
+    service.py sets it): the client's request id, kept across its retries, which a replicated registry
+    applies once (resources/registry/log_entries.py); the log revision the client last saw, which a
+    replica serving a read must have applied (read your writes); and, set by a replicated engine, the
+    revision its answer reflects, which the client then has seen."""
+
+    request_id: str | None = None
+    min_revision: int = 0
+    revision: int | None = None
+
+
+_call = contextvars.ContextVar("registry_call", default=None)
+
+
+def call_context() -> CallContext:
+    """The context of the call this thread serves (a blank one outside a server's call)."""
+    return _call.get() or CallContext()
+
+
+@contextmanager
+def serving(context: CallContext) -> Iterator[CallContext]:
+    token = _call.set(context)
+    try:
+        yield context
+    finally:
+        _call.reset(token)
+
+
+def read_arrow(source: ArrowSource, schema: pa.Schema) -> pa.Table:
+    """The columns of `schema` from any Arrow source, as a table of its types."""
+    if isinstance(source, ds.Dataset):
+        table = source.to_table(columns=list(schema.names))
+    elif isinstance(source, pa.RecordBatchReader):
+        table = source.read_all()
+    else:
+        table = source
+    missing = set(schema.names) - set(table.column_names)
+    if missing:
+        raise ValueError(f"registry input lacks column(s) {sorted(missing)}: needs {', '.join(schema.names)}")
+    return table.select(schema.names).cast(schema)
+
 
 
 class IdRegistry(ABC):
@@ -134,6 +212,15 @@ class IdRegistry(ABC):
     @abstractmethod
     def queries_horizon(self, dc: str) -> int | None:
         """The newest query-id time the memory tier may lack (None: unknown)."""
+
+    def recall_with_tail(self, dc: str, wanted: ArrowSource) -> tuple[dict | None, pa.Table, int | None]:
+        """One click lookup's three reads of the memory tier, answered by one process (its tier is
+        that process's): the tailer's writers' times (`tail_state` without offsets) read first, then
+        the wanted queries held (`recall_queries`), then the horizon (`queries_horizon`), read last so
+        that an eviction meanwhile only raises it."""
+        tail = self.tail_state(dc, offsets=False)
+        lines = self.recall_queries(dc, wanted)
+        return tail, lines, self.queries_horizon(dc)
 
     def for_executors(self) -> "IdRegistry | None":
         """A picklable client Spark tasks can call directly, or None if the registry lives in this

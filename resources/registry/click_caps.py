@@ -32,14 +32,21 @@ GRANT_ANSWER = pa.schema([pa.field("query_id", pa.string()), pa.field("granted",
 
 
 class ClickCaps:
-    """Grants in one DuckDB file; every call is one short transaction."""
+    """Grants on a DuckDB connection: this process's registry's own file (`open`), where every call is
+    one transaction of its own, or the replicated registry's one file, whose log entries grant inside
+    the entry's transaction (`in_transaction`) with the time stamped in the entry."""
 
-    def __init__(self, path: Path):
-        self._con = duckdb.connect(str(path))
+    def __init__(self, con: duckdb.DuckDBPyConnection, in_transaction: bool = False):
+        self._con = con
         self._con.execute(GRANTS_SCHEMA)
         self._lock = threading.Lock()
+        self._in_transaction = in_transaction
 
-    def grant(self, wanted: pa.Table, token: str, cap: int) -> pa.Table:
+    @classmethod
+    def open(cls, path: Path) -> "ClickCaps":
+        return cls(duckdb.connect(str(path)))
+
+    def grant(self, wanted: pa.Table, token: str, cap: int, now_us: int | None = None) -> pa.Table:
         """`wanted`: query_id, wanted (clicks of the query this unit would join). Answer: query_id,
         granted, per input query."""
         if not token:
@@ -51,7 +58,8 @@ class ClickCaps:
             con = self._con
             con.register("wanted", request)
             try:
-                con.execute("BEGIN TRANSACTION")
+                if not self._in_transaction:
+                    con.execute("BEGIN TRANSACTION")
                 con.execute(
                     """
                     INSERT INTO grants
@@ -62,16 +70,18 @@ class ClickCaps:
                                GROUP BY query_id) t USING (query_id)
                     WHERE NOT EXISTS (SELECT 1 FROM grants g WHERE g.query_id = w.query_id AND g.token = $token)
                     """,
-                    {"token": token, "cap": cap, "now": time.time_ns() // 1000},
+                    {"token": token, "cap": cap, "now": time.time_ns() // 1000 if now_us is None else now_us},
                 )
                 answer = con.execute(
                     "SELECT w.query_id, g.granted FROM wanted w JOIN grants g "
                     "ON g.query_id = w.query_id AND g.token = $token",
                     {"token": token},
                 ).to_arrow_table()
-                con.execute("COMMIT")
+                if not self._in_transaction:
+                    con.execute("COMMIT")
             except Exception:
-                con.execute("ROLLBACK")
+                if not self._in_transaction:
+                    con.execute("ROLLBACK")
                 raise
             finally:
                 con.unregister("wanted")

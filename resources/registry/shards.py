@@ -35,11 +35,10 @@ from typing import Iterator
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 
-from resources.event_store.memory_tier import PIECE_SCHEMA, Holding, RecentQueries
-from resources.event_store.memory_tier import WANTED_SCHEMA as WANTED_QUERIES
-from resources.registry.api import ArrowSource, IdRegistry
+from resources.event_store.memory_tier import RecentQueries
+from resources.registry.api import ArrowSource, IdRegistry, read_arrow, refuse_if_replicated
+from resources.registry.held_queries import QueriesHeldHere
 from resources.registry.click_caps import WANTED_SCHEMA, ClickCaps
 from resources.registry.work_claims import WorkClaims
 
@@ -59,13 +58,13 @@ SCAN_SCHEMA = pa.schema([("click_id", pa.string()), ("timestamp_us", pa.int64())
 HASH_SQL = "md5_number(click_id)"
 
 SHARD_SCHEMA = """
-CREATE TABLE IF NOT EXISTS registered_ids (
+CREATE TABLE IF NOT EXISTS {p}registered_ids (
     click_id     VARCHAR PRIMARY KEY,
     timestamp_us BIGINT NOT NULL,
     token        VARCHAR,
     committed_at TIMESTAMP NOT NULL DEFAULT now()
 );
-CREATE TABLE IF NOT EXISTS gc_boundary (boundary_us BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS {p}gc_boundary (boundary_us BIGINT NOT NULL);
 """
 
 META_SCHEMA = "CREATE TABLE IF NOT EXISTS shard_config (start_us BIGINT NOT NULL, end_us BIGINT, shards INTEGER NOT NULL)"
@@ -82,20 +81,6 @@ def shard_of(click_id: str, shards: int) -> int:
 
 def now_us() -> int:
     return time.time_ns() // 1000
-
-
-def read_arrow(source: ArrowSource, schema: pa.Schema) -> pa.Table:
-    """The columns of `schema` from any Arrow source, as a table of its types."""
-    if isinstance(source, ds.Dataset):
-        table = source.to_table(columns=list(schema.names))
-    elif isinstance(source, pa.RecordBatchReader):
-        table = source.read_all()
-    else:
-        table = source
-    missing = set(schema.names) - set(table.column_names)
-    if missing:
-        raise ValueError(f"registry input lacks column(s) {sorted(missing)}: needs {', '.join(schema.names)}")
-    return table.select(schema.names).cast(schema)
 
 
 def as_events(events: ArrowSource) -> pa.Table:
@@ -124,17 +109,150 @@ class _Request:
         return 0 if self.events is None else self.events.num_rows
 
 
+class ShardTables:
+    """One shard's tables and the SQL that changes and reads them, on a connection it is handed:
+    `registered_ids` and a one-row `gc_boundary` in `schema` (the shard's own file in this process's
+    registry; a schema of the replica's one file in the replicated registry, resources/registry/replica_state.py).
+    The caller owns the transaction: a group of requests is applied inside the caller's. Every time a
+    change needs comes from the request (`now_us`), never from this machine's clock, so that replicas
+    applying the same requests hold the same ids."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, schema: str | None, gc_threshold_us: int,
+                 track_changes: bool = False):
+        self.con = con
+        self.gc_threshold_us = gc_threshold_us
+        # The ids each apply added (`added`) and removed (`removed`), for a replica's digest of its id set.
+        self.track_changes = track_changes
+        self.added: pa.Table | None = None
+        self.removed: list[pa.Table] = []
+        self.prefix = f"{schema}." if schema else ""
+        if schema:
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        con.execute(SHARD_SCHEMA.replace("{p}", self.prefix))
+        if not con.sql(f"SELECT count(*) FROM {self.prefix}gc_boundary").fetchall()[0][0]:
+            con.execute(f"INSERT INTO {self.prefix}gc_boundary VALUES (0)")
+        self.boundary_us: int = con.sql(f"SELECT boundary_us FROM {self.prefix}gc_boundary").fetchall()[0][0]
+
+    def sql(self, text: str) -> str:
+        return text.replace("{p}", self.prefix)
+
+    def apply(self, group: list["_Request"]) -> list:
+        """A run of same-kind requests applied, in order, inside the caller's transaction."""
+        return getattr(self, f"_apply_{group[0].op}")(group)
+
+    def _incoming(self, group: list["_Request"]) -> None:
+        """Registers the group's events as `incoming` with a `seq` column: position in the group."""
+        parts = [
+            r.events.append_column("seq", pa.array(np.full(r.ids, i, dtype=np.int32)))
+            for i, r in enumerate(group)
+        ]
+        self.con.register("incoming", pa.concat_tables(parts))
+
+    def _apply_commit(self, group: list["_Request"]) -> list[pa.Table]:
+        self._incoming(group)
+        self.con.register("tokens", pa.table({"seq": pa.array(range(len(group)), pa.int32()),
+                                              "token": [r.token for r in group]}))
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE req AS "
+            "SELECT i.seq, i.click_id, min(i.timestamp_us) AS timestamp_us, any_value(t.token) AS token "
+            "FROM incoming i JOIN tokens t USING (seq) GROUP BY i.seq, i.click_id"
+        )
+        # Conflict resolution inside the batch: for an absent id, the earliest-queued request wins.
+        # The ids registered now are kept (`added`) for the replicated registry's digest of its id set.
+        insert = self.sql(
+            "INSERT INTO {p}registered_ids (click_id, timestamp_us, token, committed_at) "
+            "SELECT click_id, arg_min(timestamp_us, seq), arg_min(token, seq), make_timestamp($now) FROM req "
+            "WHERE timestamp_us >= $b GROUP BY click_id ON CONFLICT DO NOTHING")
+        params = {"b": self.boundary_us, "now": group[0].now_us}
+        if self.track_changes:
+            self.added = self.con.sql(insert + " RETURNING click_id", params=params).to_arrow_table()
+        else:
+            self.con.execute(insert, params)
+        return self._answers(
+            group, "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN 'too_old' "
+            "WHEN r.token = q.token THEN 'held' ELSE 'refused' END AS status "
+            "FROM req q LEFT JOIN {p}registered_ids r USING (click_id) ORDER BY q.seq", "incoming", "tokens")
+
+    def _apply_lookup(self, group: list["_Request"]) -> list[pa.Table]:
+        self._incoming(group)
+        return self._answers(group, LOOKUP_SQL, "incoming")
+
+    def lookup(self, events: pa.Table, cursor: duckdb.DuckDBPyConnection) -> pa.Table:
+        """A lookup through a cursor of its own (a reader beside the connection that applies)."""
+        cursor.register("incoming", events.append_column("seq", pa.array(np.zeros(events.num_rows, dtype=np.int32))))
+        try:
+            result = cursor.sql(self.sql(LOOKUP_SQL), params={"b": self.boundary_us}).to_arrow_table()
+        finally:
+            cursor.unregister("incoming")
+        return result.drop_columns(["seq"])
+
+    def _answers(self, group: list["_Request"], sql: str, *registered: str) -> list[pa.Table]:
+        """Each request's answer: `sql` (ordered by `seq`, with the GC boundary as $b) split by
+        request; the relations `registered` for it are then dropped."""
+        result = self.con.sql(self.sql(sql), params={"b": self.boundary_us}).to_arrow_table()
+        for name in registered:
+            self.con.unregister(name)
+        return split_sorted(result, "seq", len(group))
+
+    def _apply_delete(self, group: list["_Request"]) -> list[int]:
+        answers, self.removed = [], []
+        for request in group:
+            self.con.register("doomed", request.events)
+            gone = self.con.sql(self.sql(
+                "DELETE FROM {p}registered_ids WHERE click_id IN (SELECT click_id FROM doomed) RETURNING click_id"
+            )).to_arrow_table()
+            self.con.unregister("doomed")
+            self.removed.append(gone)
+            answers.append(gone.num_rows)
+        return answers
+
+    def _apply_clear(self, group: list["_Request"]) -> list[int]:
+        return [
+            self.con.sql(self.sql("UPDATE {p}registered_ids SET token = NULL WHERE token = $t"),
+                         params={"t": r.token}).fetchall()[0][0]
+            for r in group
+        ]
+
+    def _apply_gc(self, group: list["_Request"]) -> list[dict]:
+        """Advances the GC boundary to min(now, newest committed timestamp) - threshold, never back."""
+        answers, self.removed = [], []
+        for request in group:
+            newest = self.con.sql(self.sql("SELECT max(timestamp_us) FROM {p}registered_ids")).fetchall()[0][0]
+            deleted = 0
+            if newest is not None:
+                proposal = min(request.now_us, newest) - self.gc_threshold_us
+                if proposal > self.boundary_us:
+                    self.con.execute(self.sql("UPDATE {p}gc_boundary SET boundary_us = $b"), {"b": proposal})
+                    gone = self.con.sql(self.sql(
+                        "DELETE FROM {p}registered_ids WHERE timestamp_us < $b RETURNING click_id"),
+                        params={"b": proposal}).to_arrow_table()
+                    self.removed.append(gone)
+                    deleted = gone.num_rows
+                    self.boundary_us = proposal
+            answers.append({"boundary_us": self.boundary_us, "deleted": deleted})
+        return answers
+
+    def reload_boundary(self) -> None:
+        """The boundary as stored (after a rolled-back transaction moved it in memory)."""
+        self.boundary_us = self.con.sql(self.sql("SELECT boundary_us FROM {p}gc_boundary")).fetchall()[0][0]
+
+
+LOOKUP_SQL = (
+    "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN NULL ELSE r.token END AS token, "
+    "CASE WHEN q.timestamp_us < $b THEN 'too_old' ELSE 'registered' END AS status "
+    "FROM (SELECT seq, click_id, min(timestamp_us) AS timestamp_us FROM incoming GROUP BY seq, click_id) q "
+    "LEFT JOIN {p}registered_ids r USING (click_id) "
+    "WHERE q.timestamp_us < $b OR r.click_id IS NOT NULL ORDER BY q.seq"
+)
+
+
 class _Shard:
-    """One physical shard: its DuckDB file, request queue and registry thread."""
+    """One physical shard of this process's registry: its DuckDB file, request queue and registry thread."""
 
     def __init__(self, index: int, path: Path, gc_threshold_us: int):
         self.index = index
-        self.gc_threshold_us = gc_threshold_us
         self.con = duckdb.connect(str(path))
-        self.con.execute(SHARD_SCHEMA)
-        if not self.con.sql("SELECT count(*) FROM gc_boundary").fetchall()[0][0]:
-            self.con.execute("INSERT INTO gc_boundary VALUES (0)")
-        self.boundary_us: int = self.con.sql("SELECT boundary_us FROM gc_boundary").fetchall()[0][0]
+        self.tables = ShardTables(self.con, None, gc_threshold_us)
         # Stats and scans read through their own connection so they never wait for the thread.
         self.reader = self.con.cursor()
         self.reader_lock = threading.Lock()
@@ -150,6 +268,10 @@ class _Shard:
         self.max_ids_per_transaction = 0
         self.thread = threading.Thread(target=self._run, name=f"registry-thread-{index}", daemon=True)
         self.thread.start()
+
+    @property
+    def boundary_us(self) -> int:
+        return self.tables.boundary_us
 
     def submit(self, request: _Request) -> Future:
         with self.cond:
@@ -186,17 +308,19 @@ class _Shard:
             self._apply(batch, ids)
 
     def _apply(self, batch: list[_Request], ids: int) -> None:
-        boundary_before = self.boundary_us
+        now = now_us()
+        for request in batch:
+            request.now_us = request.now_us or now
         try:
             self.con.execute("BEGIN TRANSACTION")
             answers: list = []
             for group in _consecutive(batch):
-                answers.extend(getattr(self, f"_apply_{group[0].op}")(group))
+                answers.extend(self.tables.apply(group))
             self.con.execute("COMMIT")
         except BaseException as error:
-            self.boundary_us = boundary_before
             with contextlib.suppress(duckdb.Error):
                 self.con.execute("ROLLBACK")
+            self.tables.reload_boundary()
             for request in batch:
                 request.future.set_exception(error)
             if not isinstance(error, Exception):
@@ -208,85 +332,6 @@ class _Shard:
         self.max_ids_per_transaction = max(self.max_ids_per_transaction, ids)
         for request, answer in zip(batch, answers):
             request.future.set_result(answer)
-
-    def _incoming(self, group: list[_Request]) -> None:
-        """Registers the group's events as `incoming` with a `seq` column: position in the group."""
-        parts = [
-            r.events.append_column("seq", pa.array(np.full(r.ids, i, dtype=np.int32)))
-            for i, r in enumerate(group)
-        ]
-        self.con.register("incoming", pa.concat_tables(parts))
-
-    def _apply_commit(self, group: list[_Request]) -> list[pa.Table]:
-        self._incoming(group)
-        self.con.register("tokens", pa.table({"seq": pa.array(range(len(group)), pa.int32()),
-                                              "token": [r.token for r in group]}))
-        self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE req AS "
-            "SELECT i.seq, i.click_id, min(i.timestamp_us) AS timestamp_us, any_value(t.token) AS token "
-            "FROM incoming i JOIN tokens t USING (seq) GROUP BY i.seq, i.click_id"
-        )
-        # Conflict resolution inside the batch: for an absent id, the earliest-queued request wins.
-        self.con.execute(
-            "INSERT INTO registered_ids (click_id, timestamp_us, token) "
-            "SELECT click_id, arg_min(timestamp_us, seq), arg_min(token, seq) FROM req "
-            "WHERE timestamp_us >= $b GROUP BY click_id ON CONFLICT DO NOTHING",
-            {"b": self.boundary_us},
-        )
-        return self._answers(
-            group, "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN 'too_old' "
-            "WHEN r.token = q.token THEN 'held' ELSE 'refused' END AS status "
-            "FROM req q LEFT JOIN registered_ids r USING (click_id) ORDER BY q.seq", "incoming", "tokens")
-
-    def _apply_lookup(self, group: list[_Request]) -> list[pa.Table]:
-        self._incoming(group)
-        return self._answers(
-            group, "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN NULL ELSE r.token END AS token, "
-            "CASE WHEN q.timestamp_us < $b THEN 'too_old' ELSE 'registered' END AS status "
-            "FROM (SELECT seq, click_id, min(timestamp_us) AS timestamp_us FROM incoming GROUP BY seq, click_id) q "
-            "LEFT JOIN registered_ids r USING (click_id) "
-            "WHERE q.timestamp_us < $b OR r.click_id IS NOT NULL ORDER BY q.seq", "incoming")
-
-    def _answers(self, group: list[_Request], sql: str, *registered: str) -> list[pa.Table]:
-        """Each request's answer: `sql` (ordered by `seq`, with the GC boundary as $b) split by
-        request; the relations `registered` for it are then dropped."""
-        result = self.con.sql(sql, params={"b": self.boundary_us}).to_arrow_table()
-        for name in registered:
-            self.con.unregister(name)
-        return split_sorted(result, "seq", len(group))
-
-    def _apply_delete(self, group: list[_Request]) -> list[int]:
-        answers = []
-        for request in group:
-            self.con.register("doomed", request.events)
-            answers.append(self.con.sql(
-                "DELETE FROM registered_ids WHERE click_id IN (SELECT click_id FROM doomed)"
-            ).fetchall()[0][0])
-            self.con.unregister("doomed")
-        return answers
-
-    def _apply_clear(self, group: list[_Request]) -> list[int]:
-        return [
-            self.con.sql("UPDATE registered_ids SET token = NULL WHERE token = $t", params={"t": r.token}).fetchall()[0][0]
-            for r in group
-        ]
-
-    def _apply_gc(self, group: list[_Request]) -> list[dict]:
-        """Advances the GC boundary to min(now, newest committed timestamp) - threshold, never back."""
-        answers = []
-        for request in group:
-            newest = self.con.sql("SELECT max(timestamp_us) FROM registered_ids").fetchall()[0][0]
-            deleted = 0
-            if newest is not None:
-                proposal = min(request.now_us, newest) - self.gc_threshold_us
-                if proposal > self.boundary_us:
-                    self.con.execute("UPDATE gc_boundary SET boundary_us = $b", {"b": proposal})
-                    deleted = self.con.sql(
-                        "DELETE FROM registered_ids WHERE timestamp_us < $b", params={"b": proposal}
-                    ).fetchall()[0][0]
-                    self.boundary_us = proposal
-            answers.append({"boundary_us": self.boundary_us, "deleted": deleted})
-        return answers
 
     def counts(self) -> tuple[int, int]:
         with self.reader_lock:
@@ -317,6 +362,23 @@ class _Shard:
         return {**self.counters(), "ids_registered": ids, "ids_with_token": tokened}
 
 
+def route(events: pa.Table, config: list[tuple], hasher: duckdb.DuckDBPyConnection) -> dict[int, pa.Table]:
+    """The rows of `events` (click_id, timestamp_us and any other columns) of each shard, by the shard
+    configuration (start_us, end_us, shards) in force at each id's timestamp; `hasher` is a DuckDB
+    connection the caller does not use meanwhile."""
+    if all(n == 1 for _, _, n in config):
+        return {0: events}
+    cases = " ".join(f"WHEN timestamp_us < {e} THEN {HASH_SQL} % {n}" for _, e, n in config[:-1])
+    shard_sql = f"CASE {cases} ELSE {HASH_SQL} % {config[-1][2]} END" if cases else f"{HASH_SQL} % {config[-1][2]}"
+    hasher.register("events", events)
+    try:
+        routed = hasher.sql(f"SELECT *, ({shard_sql})::INTEGER AS shard FROM events ORDER BY shard").to_arrow_table()
+    finally:
+        hasher.unregister("events")
+    parts = split_sorted(routed, "shard", max(n for _, _, n in config))
+    return {index: part for index, part in enumerate(parts) if part.num_rows}
+
+
 def _consecutive(batch: list[_Request]) -> Iterator[list[_Request]]:
     """Runs of same-kind requests; commits and lookups in a run are applied as one statement each."""
     run: list[_Request] = []
@@ -329,7 +391,7 @@ def _consecutive(batch: list[_Request]) -> Iterator[list[_Request]]:
         yield run
 
 
-class ShardedIdRegistry(IdRegistry):
+class ShardedIdRegistry(QueriesHeldHere, IdRegistry):
     """The IdRegistry of Photon §2 in this process: `shards` DuckDB files, one registry thread each.
 
     A request whose ids fall on several shards is split by shard, the parts are applied in parallel
@@ -352,6 +414,7 @@ class ShardedIdRegistry(IdRegistry):
     ):
         if shards < 1:
             raise ValueError(f"shards must be at least 1, got {shards}")
+        refuse_if_replicated(directory)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.gc_threshold_days = gc_threshold_days
@@ -367,8 +430,8 @@ class ShardedIdRegistry(IdRegistry):
         elif shards != self._config[-1][2]:
             log.warning("registry %s keeps its stored shard configuration %s; ignoring shards=%d",
                         self.directory, self.configuration(), shards)
-        self._work = WorkClaims(self.directory / "work.duckdb")
-        self._caps = ClickCaps(self.directory / "caps.duckdb")
+        self._work = WorkClaims.open(self.directory / "work.duckdb")
+        self._caps = ClickCaps.open(self.directory / "caps.duckdb")
         self._recent = RecentQueries()
         self._shards: dict[int, _Shard] = {}
         self._shards_lock = threading.Lock()
@@ -400,22 +463,12 @@ class ShardedIdRegistry(IdRegistry):
 
     def _route(self, events: pa.Table) -> dict[int, pa.Table]:
         """The events of each shard, by the configuration in force at each id's timestamp."""
-        config = self._config
-        if all(n == 1 for _, _, n in config):
-            return {0: events}
-        cases = " ".join(f"WHEN timestamp_us < {e} THEN {HASH_SQL} % {n}" for _, e, n in config[:-1])
-        shard_sql = f"CASE {cases} ELSE {HASH_SQL} % {config[-1][2]} END" if cases else f"{HASH_SQL} % {config[-1][2]}"
         with self._hasher_lock:
             hasher = self._hasher.cursor()
         try:
-            hasher.register("events", events)
-            routed = hasher.sql(
-                f"SELECT click_id, timestamp_us, ({shard_sql})::INTEGER AS shard FROM events ORDER BY shard"
-            ).to_arrow_table()
+            return route(events, self._config, hasher)
         finally:
             hasher.close()
-        parts = split_sorted(routed, "shard", max(n for _, _, n in config))
-        return {index: part for index, part in enumerate(parts) if part.num_rows}
 
     def _fan_out(self, op: str, events: pa.Table, token: str | None = None) -> list:
         futures = [
@@ -514,22 +567,6 @@ class ShardedIdRegistry(IdRegistry):
 
     def grant_clicks(self, wanted: ArrowSource, token: str, cap: int) -> pa.Table:
         return self._caps.grant(read_arrow(wanted, WANTED_SCHEMA), token, cap)
-
-    def remember_queries(self, dc: str, unit: str, attempt: int, part: int, queries: ArrowSource,
-                         ingested_before_ts: int | None, holding: Holding) -> dict:
-        return self._recent.put(dc, unit, attempt, part, read_arrow(queries, PIECE_SCHEMA), ingested_before_ts, holding)
-
-    def remember_tailed(self, dc: str, queries: ArrowSource, tail: dict) -> dict:
-        return self._recent.put_tailed(dc, read_arrow(queries, PIECE_SCHEMA), tail, Holding.of(tail))
-
-    def tail_state(self, dc: str, offsets: bool = True) -> dict | None:
-        return self._recent.tail_state(dc, offsets)
-
-    def recall_queries(self, dc: str, wanted: ArrowSource) -> pa.Table:
-        return self._recent.get(dc, read_arrow(wanted, WANTED_QUERIES))
-
-    def queries_horizon(self, dc: str) -> int | None:
-        return self._recent.horizon(dc)
 
     def collect_garbage(self) -> dict:
         """One GC pass on every shard now; returns each shard's boundary and how many ids it deleted."""

@@ -54,18 +54,24 @@ def _now_us() -> int:
 
 
 class WorkClaims:
-    """Leases and claims in one DuckDB file; every call is one short transaction."""
+    """Leases and claims on a DuckDB connection: this process's registry's own file (`open`), where every
+    call is one short transaction, or the replicated registry's one file (resources/registry/replica_state.py),
+    whose log entries call them inside the entry's transaction with the time stamped in the entry."""
 
-    def __init__(self, path: Path):
-        self._con = duckdb.connect(str(path))
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self._con = con
         self._con.execute(WORK_SCHEMA)
         self._lock = threading.Lock()
 
-    def heartbeat(self, dc: str | None, ttl_seconds: float) -> dict[str, float | None]:
+    @classmethod
+    def open(cls, path: Path) -> "WorkClaims":
+        return cls(duckdb.connect(str(path)))
+
+    def heartbeat(self, dc: str | None, ttl_seconds: float, now_us: int | None = None) -> dict[str, float | None]:
         """Renews `dc`'s lease for `ttl_seconds` (0 releases it; dc None only reads); returns every
-        datacenter's lease as seconds left by the registry's clock (negative: expired, the datacenter
-        died; None: released, it stopped)."""
-        now = _now_us()
+        datacenter's lease as seconds left at `now_us` (default: the registry's clock; negative:
+        expired, the datacenter died; None: released, it stopped)."""
+        now = _now_us() if now_us is None else now_us
         with self._lock:
             if dc:
                 self._con.execute(
@@ -75,10 +81,11 @@ class WorkClaims:
             rows = self._con.sql("SELECT dc, expires_us, released FROM leases").fetchall()
         return {name: None if released else round((expires - now) / 1e6, 3) for name, expires, released in rows}
 
-    def claim(self, dc: str, stream: str, units: list[dict]) -> int:
+    def claim(self, dc: str, stream: str, units: list[dict], now_us: int | None = None) -> int:
         """Records that `dc` cut these work units ({"unit", "ranges": [[file, start, end], ...]});
         a unit claimed again (a tick re-requesting it after a crash) keeps its state."""
-        rows = [(u["unit"], dc, stream, f, s, e, CLAIMED, _now_us()) for u in units for f, s, e in u["ranges"]]
+        now = _now_us() if now_us is None else now_us
+        rows = [(u["unit"], dc, stream, f, s, e, CLAIMED, now) for u in units for f, s, e in u["ranges"]]
         if not rows:
             return 0
         with self._lock:
@@ -86,21 +93,23 @@ class WorkClaims:
                 "INSERT INTO claims VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL) ON CONFLICT DO NOTHING", rows)
         return len(rows)
 
-    def finish(self, unit: str, pending: bool) -> int:
+    def finish(self, unit: str, pending: bool, now_us: int | None = None) -> int:
         """The unit's run wrote all its output (`pending`: some of its clicks wait for their query in
         the pending clicks of its datacenter); returns how many ranges it claimed."""
         with self._lock:
             return len(self._con.execute(
                 "UPDATE claims SET state = $state, finished_us = $now WHERE unit = $unit RETURNING 1",
-                {"state": DONE_PENDING if pending else DONE, "now": _now_us(), "unit": unit},
+                {"state": DONE_PENDING if pending else DONE, "now": _now_us() if now_us is None else now_us,
+                 "unit": unit},
             ).fetchall())
 
-    def claims(self, stream: str, files: list[str]) -> list[dict]:
-        """Every datacenter's claims on these files of `stream`, oldest first."""
+    def claims(self, stream: str, files: list[str], reader: duckdb.DuckDBPyConnection | None = None) -> list[dict]:
+        """Every datacenter's claims on these files of `stream`, oldest first (through `reader`, a
+        cursor of a replica's reading thread, if given)."""
         if not files:
             return []
         with self._lock:
-            rows = self._con.execute(
+            rows = (reader or self._con).execute(
                 "SELECT unit, dc, file, start_offset, end_offset, state, claimed_us, finished_us FROM claims "
                 "WHERE stream = $stream AND list_contains($files, file) ORDER BY claimed_us, file, start_offset",
                 {"stream": stream, "files": files},
