@@ -90,6 +90,23 @@ def registry_matches_output(
 
 
 @dg.asset_check(
+    asset="joined_clicks",
+    description="The replicated registry's replicas hold the same ids: each replica's digest of its id set (count "
+    "and a sum of the ids' hashes) at one log revision, compared. Passes with one replica (the registry of one "
+    "machine); a replica that does not answer is counted apart (it catches up by itself).",
+)
+def registry_replicas_agree(registry: IdRegistryResource) -> dg.AssetCheckResult:
+    client = registry.get()
+    agreement = client.replicas_agreement() if hasattr(client, "replicas_agreement") else {
+        "replicas": 1, "replicas_answering": 1, "distinct_id_sets": 1, "revision": None, "digests": {}}
+    return dg.AssetCheckResult(
+        passed=agreement["distinct_id_sets"] <= 1 and agreement["replicas_answering"] >= 1,
+        metadata={**{k: v for k, v in agreement.items() if k != "digests"},
+                  "digests": dg.JsonMetadataValue(agreement["digests"])},
+    )
+
+
+@dg.asset_check(
     asset="click_aggregates",
     description="click_aggregates equals the aggregation of joined_clicks at the version its last refresh "
     "names (refreshes run off the click path: they may lag, by joined_clicks_versions_behind).",
@@ -204,7 +221,7 @@ def work_unit_checks(joined: pa.Table, unjoinable: pa.Table, registered: pa.Tabl
 
 
 ALL_CHECKS = [joined_clicks_unique, clicks_accounted_for, registry_matches_output, aggregates_match_joined_clicks,
-              joined_clicks_within_query_cap]
+              joined_clicks_within_query_cap, registry_replicas_agree]
 
 
 def blocking_check_keys() -> list[dg.AssetCheckKey]:

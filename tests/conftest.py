@@ -32,6 +32,8 @@ QUICK = (
     "tests/resources/event_store/test_tail_segments.py",
     "tests/resources/state/test_work_unit_log.py",
     "tests/resources/registry/test_ownership.py",
+    "tests/resources/registry/test_replicas.py::test_an_op_is_applied_once_however_often_it_is_put",
+    "tests/resources/registry/test_replicas.py::test_a_replicated_data_directory_is_never_opened",
     "tests/resources/spark/test_session.py",
     "tests/resources/spark/test_class_archive.py::test_the_archive_reaches",
     "tests/resources/spark/test_class_archive.py::test_the_archive_is_named",
@@ -53,6 +55,7 @@ QUICK = (
 # that the full suite's two workers end together instead of one starting `photon up`'s test last.
 SLOWEST_FIRST = (
     "tests/e2e/test_datacenters.py",
+    "tests/e2e/test_replicated_registry.py",
     "tests/e2e/test_up.py",
     "tests/e2e/test_up_checks.py",
     "tests/e2e/test_photon_run.py",

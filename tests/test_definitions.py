@@ -27,7 +27,7 @@ def test_definitions_load_with_sensors_per_datacenter(tmp_path, monkeypatch):
         "query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates",
         "pending_clicks", "quarantined_lines"}
     # ALL_CHECKS, joined_clicks' freshness, and the two a click run makes of what it wrote
-    assert len(repo.asset_graph.asset_check_keys) == 8
+    assert len(repo.asset_graph.asset_check_keys) == 9
     # Each asset shows its Delta table's columns in the UI before anything is materialized.
     for key in repo.asset_graph.get_all_asset_keys():
         schema = repo.asset_graph.get(key).metadata["dagster/column_schema"]

@@ -288,6 +288,20 @@ class RemoteIdRegistry(IdRegistry):
         return (json.loads(metadata.get(b"tail", b"null")), answer.replace_schema_metadata(None),
                 json.loads(metadata.get(b"horizon", b"null")))
 
+    def replicas_agreement(self) -> dict:
+        """Whether the replicas hold the same ids: each one's digest of its id set at the log's head as
+        one quorum read finds it (resources/registry/replica_state.py: digest_at), compared; a replica
+        that does not answer is counted apart. The registry of one machine is one replica."""
+        self.heartbeat(None, 0)  # a read at the log's head: the answer names its revision
+        digests = self.replica_digests(self.seen_revision)
+        if all(d is None or d.get("replica") is None for d in digests.values()) and len(digests) == 1:
+            return {"replicas": 1, "replicas_answering": 1, "distinct_id_sets": 1, "revision": None, "digests": {}}
+        answering = {address: d for address, d in digests.items() if d is not None}
+        return {"replicas": len(digests), "replicas_answering": len(answering),
+                "distinct_id_sets": len({(d["ids"], d["digest"]) for d in answering.values()}),
+                "revision": self.seen_revision,
+                "digests": {d["replica"]: {"ids": d["ids"], "digest": d["digest"]} for d in answering.values()}}
+
     def replica_digests(self, revision: int) -> dict[str, dict | None]:
         """Each replica's digest of its id set at `revision` (None: it did not answer), asked directly."""
         action = flight.Action("digest", json.dumps({"revision": revision}).encode())

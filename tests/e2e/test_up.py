@@ -78,8 +78,8 @@ def wait_for_output(data_dir: Path, truth: dict, up: subprocess.Popen) -> None:
 PIPELINE_JOBS = {"ingest_queries", "join_clicks_job"}
 
 
-def start_up(data_dir: Path, env: dict[str, str], port: int | None = None) -> subprocess.Popen:
-    up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(data_dir), "--port", str(port or free_port())], cwd=REPO_ROOT,
+def start_up(data_dir: Path, env: dict[str, str], port: int | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(data_dir), "--port", str(port or free_port()), *extra], cwd=REPO_ROOT,
                           env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True)
     ready = up.stdout.readline()
