@@ -11,6 +11,12 @@ daemon-driven runs), and one to three faults at random moments:
 - `photon up`: SIGKILL of a run's process, of the daemon, of the webserver, of the Spark Connect
   server, of the registry service, of a query tailer, of `photon up` itself; SIGTERM of `photon up`
   and a restart; a stalled query tailer.
+- On the replicated registry (`--registry-replicas 3`, a share of the scenarios of either mode,
+  `--replicated-share`; `photon run` then on a local Spark session half the time): SIGKILL of an etcd
+  member (`kill_etcd_member`), of a registry replica (`kill_registry_replica`), the loss of a machine
+  (`wipe_registry_replica`: a replica and the etcd member of the same number killed, their directories
+  deleted), and two of the three members stopped for 5-20 s (`stall_etcd_majority`); at least one of
+  these in each such scenario, beside the mode's own faults.
 
 After the faults it restarts what stopped and lets the deployment reach idle (every joinable click
 joined, no run unfinished), stops it, and judges: every joinable click joined exactly once (the set
@@ -20,6 +26,8 @@ unjoinable (the checks' accounting, with the generator's distinct count); every 
 command that replays it.
 
     python benchmarks/chaos.py --scenarios 100 [--seed 1] [--up-every 3]   # scenario i is `photon up` when i % 10 < up-every
+    python benchmarks/chaos.py --scenarios 40 --replicated-share 1   # every scenario on the replicated registry
+    python benchmarks/chaos.py --scenarios 2 --seed-from-commit --small   # seeds from the commit checked out
     python benchmarks/chaos.py --replay SEED --mode run|up
     python benchmarks/chaos.py --scenarios 100 --max-minutes 90   # starts no scenario after 90 minutes
     python benchmarks/chaos.py --merge A.json B.json --name chaos   # runs on the same product code, as one result
@@ -56,6 +64,8 @@ PYTHON = sys.executable
 RUN_FAULTS = ("kill_photon_run", "kill_registry", "kill_query_tailer", "stall_photon_run", "stall_query_tailer")
 UP_FAULTS = ("kill_run_process", "kill_daemon", "kill_webserver", "kill_spark_connect", "kill_registry",
              "kill_query_tailer", "kill_photon_up", "sigterm_photon_up", "stall_query_tailer")
+REGISTRY_FAULTS = ("kill_etcd_member", "kill_registry_replica", "wipe_registry_replica", "stall_etcd_majority")
+REPLICAS = 3
 # What each fault's process is, by its command line (the scenario's own: its data directory, or a
 # component's marker under its photon up).
 MARKERS = {"registry": "registry serve", "query_tailer": "event-store tail", "daemon": "dagster-daemon",
@@ -71,9 +81,13 @@ class Scenario:
     gen_options: list[str]
     settings: dict
     faults: list[tuple[float, str]]  # (seconds after the start, kind)
+    replicas: int = 1  # the registry's: 1, the registry of one machine; REPLICAS, the replicated one
+    local_spark: bool = False  # a `photon run` scenario on a Spark session of its own, not the shared server
+    small: bool = False
 
     def replay_command(self) -> str:
-        return f"python benchmarks/chaos.py --replay {self.seed} --mode {self.mode}"
+        share = " --replicated-share 1" if self.replicas > 1 else " --replicated-share 0"
+        return f"python benchmarks/chaos.py --replay {self.seed} --mode {self.mode}{share}{' --small' if self.small else ''}"
 
 
 # Faults land within this many seconds of a scenario's start. `photon up` stays up until the scenario
@@ -82,13 +96,18 @@ class Scenario:
 # 150-query scenario was idle before its `kill_photon_run` at 21.7 s, and nothing was injected.
 RUN_HORIZON_SECONDS = 25.0
 UP_HORIZON_SECONDS = 45.0
+# The replicated registry's faults come after its cluster serves (its members and replicas start in
+# ~10 s beside the pipeline's own start).
+REPLICATED_START_SECONDS = 15.0
 
 
-def scenario(seed: int, mode: str) -> Scenario:
-    """The scenario of `seed` in `mode`: its workload, settings and faults, all drawn from the seed."""
+def scenario(seed: int, mode: str, replicated_share: float = 0.0, small: bool = False) -> Scenario:
+    """The scenario of `seed` in `mode`: its workload, settings and faults, all drawn from the seed (on
+    the replicated registry with probability `replicated_share`; `small`: the smallest workload)."""
     rng = random.Random(seed)
     two = rng.random() < 0.3
-    gen = ["--queries", str(rng.choice([150, 300, 500])), "--seed", str(seed),
+    queries = rng.choice([150, 300, 500])
+    gen = ["--queries", str(150 if small else queries), "--seed", str(seed),
            "--late-query-share", str(rng.choice([0.0, 0.05, 0.2])),
            "--orphan-click-share", str(rng.choice([0.0, 0.03, 0.1])),
            "--duplicate-click-share", str(rng.choice([0.0, 0.05, 0.15])),
@@ -106,7 +125,15 @@ def scenario(seed: int, mode: str) -> Scenario:
     kinds = RUN_FAULTS if mode == "run" else UP_FAULTS
     horizon = RUN_HORIZON_SECONDS if mode == "run" else UP_HORIZON_SECONDS
     faults = sorted((round(rng.uniform(2.0, horizon), 1), rng.choice(kinds)) for _ in range(rng.randint(1, 3)))
-    return Scenario(seed, mode, gen, settings, faults)
+    # Drawn after the rest: a seed's workload and first faults are the same with or without replication.
+    replicated = rng.random() < replicated_share
+    if not replicated:
+        return Scenario(seed, mode, gen, settings, faults, small=small)
+    # On the replicated registry its own faults, one at least, and the mode's but the single registry's.
+    faults = [(at, kind) for at, kind in faults if kind != "kill_registry"]
+    faults += [(round(rng.uniform(REPLICATED_START_SECONDS, horizon + REPLICATED_START_SECONDS), 1),
+                rng.choice(REGISTRY_FAULTS)) for _ in range(rng.randint(1, 2))]
+    return Scenario(seed, mode, gen, settings, sorted(faults), REPLICAS, mode == "run" and rng.random() < 0.5, small)
 
 
 # -- processes ----------------------------------------------------------------
@@ -167,17 +194,20 @@ class Deployment:
     data_dir: Path
     env: dict
     log: Path
+    replicas: int = 1
     process: subprocess.Popen | None = None
     restarts: int = 0
     notes: list[str] = field(default_factory=list)
 
     def command(self) -> list[str]:
+        replicated = ["--registry-replicas", str(self.replicas)] if self.replicas > 1 else []
         if self.mode == "run":
+            horizon = RUN_HORIZON_SECONDS + (REPLICATED_START_SECONDS if replicated else 0)
             return [PYTHON, "-m", "photon.cli", "run", "--data-dir", str(self.data_dir), "--until-idle",
-                    "--min-seconds", str(RUN_HORIZON_SECONDS), "--json"]
+                    "--min-seconds", str(horizon), "--json", *replicated]
         from resources.spark.connect_server import free_port
 
-        return [PYTHON, "-m", "photon.cli", "up", "--data-dir", str(self.data_dir), "--port", str(free_port())]
+        return [PYTHON, "-m", "photon.cli", "up", "--data-dir", str(self.data_dir), "--port", str(free_port()), *replicated]
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
@@ -223,6 +253,8 @@ def inject(kind: str, deployment: Deployment, data_dir: Path, rng: random.Random
         return True
     if kind == "kill_run_process":
         return signal_pid(run_process_pid(data_dir), signal.SIGKILL)
+    if kind in REGISTRY_FAULTS:
+        return inject_registry_fault(kind, data_dir, rng)
     target = kind.split("_", 1)[1]
     pid = find(data_dir, MARKERS[target])
     if kind.startswith("stall_"):
@@ -231,6 +263,35 @@ def inject(kind: str, deployment: Deployment, data_dir: Path, rng: random.Random
         time.sleep(rng.uniform(3, 10))
         return signal_pid(pid, signal.SIGCONT)
     return signal_pid(pid, signal.SIGKILL)
+
+
+def inject_registry_fault(kind: str, data_dir: Path, rng: random.Random) -> bool:
+    """One of REGISTRY_FAULTS on the scenario's replicated registry (photon/registry_cluster.py)."""
+    import shutil
+
+    n = rng.randint(1, REPLICAS)
+    member, replica = find(data_dir, f"--name etcd-{n} "), find(data_dir, f"--replica replica-{n} ")
+    if kind == "kill_etcd_member":
+        return signal_pid(member, signal.SIGKILL)
+    if kind == "kill_registry_replica":
+        return signal_pid(replica, signal.SIGKILL)
+    if kind == "wipe_registry_replica":  # the loss of machine n: its member and its replica, with their disks
+        if member is None or replica is None:
+            return False
+        signal_pid(member, signal.SIGKILL)
+        signal_pid(replica, signal.SIGKILL)
+        shutil.rmtree(data_dir / "registry" / "etcd" / f"etcd-{n}", ignore_errors=True)
+        shutil.rmtree(data_dir / "registry" / f"replica-{n}", ignore_errors=True)
+        return True
+    stalled = [find(data_dir, f"--name etcd-{m} ") for m in rng.sample(range(1, REPLICAS + 1), 2)]
+    if None in stalled:
+        return False
+    for pid in stalled:
+        signal_pid(pid, signal.SIGSTOP)
+    time.sleep(rng.uniform(5, 20))
+    for pid in stalled:
+        signal_pid(pid, signal.SIGCONT)
+    return True
 
 
 def run_process_pid(data_dir: Path) -> int | None:
@@ -354,13 +415,13 @@ def play(s: Scenario, work: Path, spark_remote: str | None) -> dict:
                    if f"{dc}=" not in " ".join(s.gen_options)]
     env = {**os.environ, "PHOTON_SETTINGS": json.dumps(s.settings)}
     env.pop("PHOTON_FAULT", None)
-    if s.mode == "run" and spark_remote:
+    if s.mode == "run" and spark_remote and not s.local_spark:
         env["PHOTON_SPARK_REMOTE"] = spark_remote
-    deployment = Deployment(s.mode, data_dir, env, work / f"chaos-{s.seed}.log")
+    deployment = Deployment(s.mode, data_dir, env, work / f"chaos-{s.seed}.log", s.replicas)
     rng = random.Random(s.seed * 7919)
     injected: list[str] = []
     record = {"seed": s.seed, "mode": s.mode, "gen_options": s.gen_options, "settings": s.settings,
-              "faults_planned": s.faults}
+              "faults_planned": s.faults, "registry_replicas": s.replicas, "local_spark": s.local_spark}
     try:
         deployment.start()
         t0 = time.monotonic()
@@ -399,6 +460,8 @@ def summary(records: list[dict], wall: float) -> dict:
     return {
         "scenarios": len(records),
         "scenarios_by_mode": dict(Counter(r["mode"] for r in records)),
+        "scenarios_on_replicated_registry": dict(Counter(r["mode"] for r in records if r.get("registry_replicas", 1) > 1)),
+        "run_scenarios_on_a_local_spark_session": sum(1 for r in records if r.get("local_spark")),
         "faults_by_kind": dict(Counter(kind for r in records for kind in r["faults_injected"])),
         # A fault finds no target when its process already ended (a small `photon run` done early).
         "seeds_without_a_fault": [r["seed"] for r in records if not r["faults_injected"]],
@@ -446,7 +509,16 @@ def main() -> None:
     parser.add_argument("--name", default="chaos", help="the result file's name: <date>-<name>-<commit>.json")
     parser.add_argument("--max-minutes", type=float, default=0, help="start no scenario after this long (0: no limit)")
     parser.add_argument("--merge", type=Path, nargs="+", help="write these results (same product code) as one")
+    parser.add_argument("--replicated-share", type=float, default=0.3,
+                        help="the share of scenarios on the replicated registry (with its faults)")
+    parser.add_argument("--small", action="store_true", help="every scenario on the smallest workload (150 queries)")
+    parser.add_argument("--seed-from-commit", action="store_true",
+                        help="SEED drawn from the commit checked out (printed): each commit tries other scenarios")
     args = parser.parse_args()
+    if args.seed_from_commit:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        args.seed = int(commit[:8] or "0", 16) % 1_000_000
+        print(f"seeds from commit {commit[:10]}: {args.seed} to {args.seed + args.scenarios - 1}", flush=True)
     results = ResultFile("chaos", args.name, args.results_dir)
     if args.merge:
         result = merge(args.merge)
@@ -457,9 +529,10 @@ def main() -> None:
     if args.replay is not None:
         if args.mode is None:
             parser.error("--replay needs --mode")
-        plan = [scenario(args.replay, args.mode)]
+        plan = [scenario(args.replay, args.mode, args.replicated_share, args.small)]
     else:
-        plan = [scenario(args.seed + i, "up" if i % 10 < args.up_every else "run") for i in range(args.scenarios)]
+        plan = [scenario(args.seed + i, "up" if i % 10 < args.up_every else "run", args.replicated_share, args.small)
+                for i in range(args.scenarios)]
     started = time.monotonic()
     server, remote = shared_spark_connect() if any(s.mode == "run" for s in plan) else (None, None)
     records: list[dict] = []

@@ -144,8 +144,13 @@ def replica_launch(layout: DataLayout, config: ClusterConfig, name: str) -> Laun
 
 
 def start_members(supervisor: Supervisor, layout: DataLayout, config: ClusterConfig, credentials: Credentials) -> None:
-    """The members started; returns once a majority serves (ValueError, one line, after ETCD_START_SECONDS)."""
-    for member in config.members:
+    """The members started; returns once a majority serves (ValueError, one line, after ETCD_START_SECONDS).
+    A member whose directory is gone (its machine lost while nothing restarted it) starts last, once
+    the others serve: it is replaced through them."""
+    wiped = [m for m in config.members if config.created and not member_dir(layout, m["name"]).exists()]
+    for member in [m for m in config.members if m not in wiped] + wiped:
+        if member is (wiped or [None])[0]:
+            wait_for_etcd(config, credentials, supervisor)
         supervisor.start(COMPONENTS["etcd"].spec(
             etcd_launch(layout, config, member),
             before_start=lambda m=member: replace_if_wiped(layout, config, m, credentials),

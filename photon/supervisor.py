@@ -171,9 +171,7 @@ class Supervisor:
             spec = child.spec
             if child.restart_at is not None:
                 if now >= child.restart_at:
-                    child.restart_at = None
-                    child.restarts += 1
-                    self.start(spec)
+                    self._restart(child, now)
                 continue
             if child.process.poll() is None:
                 continue
@@ -186,6 +184,20 @@ class Supervisor:
             child.restart_at = now + child.backoff
             self.log.warning("%s exited with status %s; restarting it in %.1f s (see %s)", spec.title,
                              child.process.returncode, child.restart_at - now, spec.log)
+
+    def _restart(self, child: Child, now: float) -> None:
+        """A RESTARTED child started again; if its start fails (its `before_start` could not reach what
+        it needs), tried again after the next backoff."""
+        child.restart_at = None
+        child.restarts += 1
+        try:
+            self.start(child.spec)
+        except Exception as error:  # noqa: BLE001 - the deployment goes on; the next attempt may succeed
+            child.backoff = min(max(child.backoff, child.spec.restart.backoff_seconds) * 2,
+                                child.spec.restart.max_backoff_seconds)
+            child.restart_at = now + child.backoff
+            self.log.warning("%s could not be started again (%s); trying in %.1f s", child.spec.title,
+                             str(error).splitlines()[0] if str(error) else type(error).__name__, child.backoff)
 
     def pid(self, name: str) -> int | None:
         child = self.children.get(name)

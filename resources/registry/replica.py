@@ -107,7 +107,8 @@ class ReplicatedIdRegistry(QueriesHeldHere, IdRegistry):
         self._lease: int | None = None
         self._duties: dict[str, float] = {}
         self.counters_ = {"entries_applied": 0, "entries_proposed": 0, "ops_proposed": 0, "ids_proposed": 0,
-                          "commit_entries_applied": 0, "commit_ids_applied": 0, "snapshots_loaded": 0}
+                          "commit_entries_applied": 0, "commit_ops_applied": 0, "commit_ids_applied": 0,
+                          "snapshots_loaded": 0}
         self.answered: deque[tuple[int, int]] = deque(maxlen=ANSWERED_KEPT)  # (revision, answered at, us)
         self._threads = [threading.Thread(target=target, name=f"registry-{self.name}-{what}", daemon=True)
                          for what, target in (("propose", self._propose_loop), ("follow", self._follow_loop))]
@@ -211,6 +212,7 @@ class ReplicatedIdRegistry(QueriesHeldHere, IdRegistry):
         commits = [op for op in entry.ops if op.kind == "commit"]
         if commits:
             self.counters_["commit_entries_applied"] += 1
+            self.counters_["commit_ops_applied"] += len(commits)
             self.counters_["commit_ids_applied"] += sum(op.ids for op in commits)
         with self._waiting_lock:
             waiting = [(self._waiting.pop(rid), answer) for rid, answer in answers.items() if rid in self._waiting]
@@ -426,8 +428,9 @@ class ReplicatedIdRegistry(QueriesHeldHere, IdRegistry):
 
     def counters(self) -> dict:
         c = self.counters_
+        # A "transaction" is a log entry that carried commits: server-side batching is its ids and commits.
         total = {"transactions": c["commit_entries_applied"], "ids_in_transactions": c["commit_ids_applied"],
-                 "requests_received": c["ops_proposed"], "requests_in_transactions": c["ops_proposed"]}
+                 "requests_received": c["ops_proposed"], "requests_in_transactions": c["commit_ops_applied"]}
         total["ids_per_transaction_mean"] = total["ids_in_transactions"] / total["transactions"] if total["transactions"] else 0.0
         return {"total": total, "replica": {"name": self.name, "applied_revision": self.state.applied_revision,
                                             "ready": self.ready.is_set(), **c},
