@@ -1,6 +1,8 @@
 import importlib
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from resources.state.layout import REPO_ROOT
 from spark_ops.tables import TABLE_SCHEMAS
@@ -42,3 +44,40 @@ def test_workspace_validates(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Validation successful for code location photon" in result.stdout + result.stderr
+
+
+DG = Path(sys.executable).parent / "dg"
+# The project's files `dg` reads: pyproject.toml's [tool.dg], definitions.py and the packages it imports.
+PROJECT = ("pyproject.toml", "definitions.py", "workspace.yaml", "photon", "photon_assets", "sensors", "resources",
+           "spark_ops")
+
+
+def dg_check_defs(project: Path, data_dir: Path) -> subprocess.CompletedProcess:
+    env = {"PHOTON_DATA_DIR": str(data_dir), "DAGSTER_HOME": str(data_dir), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([str(DG), "check", "defs"], cwd=project, env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_dg_check_defs(tmp_path):
+    """`dg check defs` from the repository root, as CI runs it beside `dagster definitions validate`."""
+    result = dg_check_defs(REPO_ROOT, tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "All definitions loaded successfully." in result.stdout + result.stderr
+
+
+def test_dg_check_defs_fails_on_a_broken_definition(tmp_path):
+    """A copy of the project whose click job selects an asset no definition supplies: `dg check defs` exits 1."""
+    project = tmp_path / "project"
+    for name in PROJECT:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, project / name)
+    for shared in (".venv", ".cache"):  # the environment, Delta's jars
+        (project / shared).symlink_to(REPO_ROOT / shared)
+    jobs = project / "photon_assets" / "jobs.py"
+    jobs.write_text(jobs.read_text().replace('"click_ledger", "joined_clicks"', '"click_ledger", "no_such_asset"'))
+    result = dg_check_defs(project, tmp_path / "data")
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "no_such_asset" in result.stdout + result.stderr
