@@ -46,8 +46,8 @@ from resources.settings import pipeline_settings
 from resources.spark.session import spark_session
 from resources.state.layout import REPO_ROOT, DataLayout
 from resources.state.work_unit_log import WorkUnitLog, new_ranges
+from sensors.alerts import ALERTS_SENSOR
 from sensors.dispatcher import pending_retry
-from sensors.freshness import FRESHNESS_SENSOR
 from sensors.upkeep import AGGREGATES_SENSOR, CHECKS_SENSOR, MAINTENANCE_SENSOR
 
 # Sensor passes in a row that launch nothing before the pipeline counts as idle: one, as every sensor of
@@ -62,12 +62,12 @@ def workspace(instance: dg.DagsterInstance):
 
 
 def loaded_sensors(context) -> list:
-    """The dispatchers of the code location, not the freshness sensor (sensors/freshness.py) nor the table
-    checks' (photon run verifies once its drain is idle)."""
+    """The dispatchers of the code location, not the table checks' sensor (photon run verifies once its
+    drain is idle) nor the alerts' (its summary and exit status say what they would: sensors/alerts.py)."""
     sensors, errors = remote_sensors(context)
     if errors:
         raise RunnerError(f"definitions failed to load: {errors[0]}")
-    return [sensor for sensor in sensors if sensor.name not in (FRESHNESS_SENSOR, CHECKS_SENSOR)]
+    return [sensor for sensor in sensors if sensor.name not in (CHECKS_SENSOR, ALERTS_SENSOR)]
 
 
 def start_spark_session(log: logging.Logger) -> None:

@@ -17,19 +17,26 @@ def test_definitions_load_with_sensors_per_datacenter(tmp_path, monkeypatch):
     import definitions
 
     defs = importlib.reload(definitions).defs
+    sys.modules.pop("definitions")  # built for this test's datacenters: the next import builds its own
     repo = defs.get_repository_def()
     assert {s.name for s in repo.sensor_defs} == {
         f"{kind}_{dc}" for dc in ("dc1", "dc2")
         for kind in ("query_log_dispatcher", "click_log_dispatcher", "pending_click_dispatcher")
-    } | {"joined_clicks_freshness_sensor", "click_aggregates_refresher", "table_checker", "table_maintenance"}
+    } | {"click_aggregates_refresher", "table_checker", "table_maintenance", "photon_alerts"}
     # Dagster would build a sensor's resources, and an instance for them, on every tick (sensors/deps.py).
     assert [s.name for s in repo.sensor_defs if s.required_resource_keys] == []
     assert {job.name for job in repo.get_all_jobs()} >= {"ingest_queries", "join_clicks_job", "check_tables", "verify"}
     assert {str(key.to_user_string()) for key in repo.asset_graph.get_all_asset_keys()} == {
         "query_logs", "log_file_map", "click_ledger", "joined_clicks", "unjoinable_clicks", "click_aggregates",
         "pending_clicks", "quarantined_lines"}
-    # ALL_CHECKS, joined_clicks' freshness, and the two a click run makes of what it wrote
-    assert len(repo.asset_graph.asset_check_keys) == 8
+    # ALL_CHECKS and the two a click run makes of what it wrote
+    assert len(repo.asset_graph.asset_check_keys) == 7
+    # Freshness is the assets' FreshnessPolicy (photon_assets/freshness.py), evaluated by Dagster's daemon.
+    policies = {key.to_user_string(): repo.asset_graph.get(key).freshness_policy
+                for key in repo.asset_graph.get_all_asset_keys()}
+    assert {name for name, policy in policies.items() if policy} == {"joined_clicks", "click_aggregates"}
+    assert (policies["joined_clicks"].fail_window.to_timedelta().total_seconds(),
+            policies["joined_clicks"].warn_window.to_timedelta().total_seconds()) == (600, 300)
     # Each asset shows its Delta table's columns in the UI before anything is materialized.
     for key in repo.asset_graph.get_all_asset_keys():
         schema = repo.asset_graph.get(key).metadata["dagster/column_schema"]
