@@ -28,6 +28,7 @@ from photon.components import local_registry, query_tailers
 from photon.dagster_internals import in_process_workspace, remote_sensors, runs_on_several_threads, sensor_pass
 from photon.deployment import (RunnerError, datacenter_leases, exclusive, fail_orphaned_runs, headless_instance,
                                prepare_environment)
+from photon.progress import Progress, progress_for, shown
 from photon.query_tail import TailSettings
 from photon.summary import summarize
 from photon.supervisor import Supervisor
@@ -82,13 +83,14 @@ def start_spark_session(log: logging.Logger) -> None:
 
 def run_until_idle(
     layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING",
-    min_seconds: float = 0.0,
+    min_seconds: float = 0.0, progress: bool = False,
 ) -> dict:
     """Ticks every dispatcher until a pass launches nothing and no failed work unit waits for a
     retry, and at least `min_seconds` have passed (logs still being written: the pipeline keeps
     tailing them meanwhile); then verifies the output. When verification fails, the
     recovery job runs and the pipeline goes on (the re-injected clicks are pending clicks), up to
-    MAX_RECOVERY_ROUNDS times. Returns the summary."""
+    MAX_RECOVERY_ROUNDS times. With `progress`, a line on stderr shows the drain's progress when stderr is a
+    terminal (photon/progress.py). Returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
     tailing = TailSettings.of(pipeline_settings()).to_json()
@@ -116,7 +118,8 @@ def run_until_idle(
             try:
                 while True:
                     drain(Drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds,
-                                first_run, supervisor, min_seconds))
+                                first_run, supervisor, min_seconds,
+                                progress_for(progress, layout, datacenters, instance)))
                     checks = verify(instance, layout)
                     verification = {check.name: check.passed for check in checks}
                     if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
@@ -217,6 +220,7 @@ class Drain:
     first_run: int
     supervisor: Supervisor
     min_seconds: float = 0.0
+    progress: Progress | None = None  # the line on a terminal (photon/progress.py)
 
     def runs(self) -> int:
         return own_runs(self.instance, self.datacenters)
@@ -227,7 +231,7 @@ def drain(d: Drain) -> None:
     waits, and min_seconds have passed since the start. Each pass first looks at the children: a
     fatal one that exited (this process's own registry service: every run would fail until the
     timeout) stops it with one line; a query tailer is restarted."""
-    with off_click_passes(d.context, d.log.getChild("sensors")):
+    with off_click_passes(d.context, d.log.getChild("sensors")), shown(d.progress, d.log):
         _drain(d)
 
 
