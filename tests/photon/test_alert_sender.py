@@ -4,14 +4,12 @@ answers 500 or does not answer in time is tried again after its backoff, and the
 import logging
 import time
 
-import pytest
 
 from photon import alert_sender
 from photon.alert_sender import backoff, send_due
 from resources.state.alert_outbox import AlertOutbox
 from tests.webhook import Webhook, webhook_server
 
-pytestmark = pytest.mark.quick
 LOG = logging.getLogger("test")
 BODY = {"text": "photon: blocking check joined_clicks_unique of joined_clicks failed", "kind": "check_failed",
         "asset": "joined_clicks", "check": "joined_clicks_unique", "run_id": "r1", "url": None}

@@ -1,10 +1,6 @@
 """The progress line's figures (photon/progress.py): bytes left, the rate bytes were finished at, the ETA."""
 
-import pytest
-
 from photon.progress import StreamProgress, megabytes
-
-pytestmark = pytest.mark.quick
 
 
 def test_eta_from_the_bytes_finished_since_the_start():

@@ -5,14 +5,11 @@ that will be retried and the events before the sensor's first tick do not."""
 import json
 
 import dagster as dg
-import pytest
 
 from resources.settings import PipelineSettings
 from resources.state.alert_outbox import AlertOutbox
 from sensors.alerts import WEBHOOK_ENV, alert_sensor
 from sensors.deps import SensorDeps
-
-pytestmark = pytest.mark.quick
 
 
 @dg.asset

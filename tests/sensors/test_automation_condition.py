@@ -11,9 +11,7 @@ import inspect
 
 import dagster as dg
 import dagster._daemon.sensor as sensor_daemon
-import pytest
 
-pytestmark = pytest.mark.quick
 CHECK_PASSES = {"now": True}
 AC = dg.AutomationCondition
 UPDATED = AC.any_deps_updated().since_last_handled() & ~AC.in_progress()
