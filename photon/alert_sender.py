@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 
-from resources.runtime.repeating import repeated
 from resources.state.alert_outbox import AlertOutbox
 from sensors.alerts import WEBHOOK_ENV
 
@@ -69,13 +69,23 @@ def alert_sender(outbox_root, log: logging.Logger) -> Iterator[None]:
         return
     outbox = AlertOutbox(outbox_root)
 
-    def one_pass() -> None:
-        try:
-            send_due(outbox, webhook, log)
-            outbox.forget_old_sent(time.time())
-        except Exception:  # noqa: BLE001 - a broken file, a full disk: logged, the next pass goes on
-            log.exception("the alert sender's pass failed; the next one goes on")
+    stop = threading.Event()
 
-    with repeated(one_pass, SEND_EVERY_SECONDS, "alert-sender"):
+    def loop() -> None:
+        while not stop.wait(SEND_EVERY_SECONDS):
+            try:
+                send_due(outbox, webhook, log)
+                outbox.forget_old_sent(time.time())
+            except Exception:  # noqa: BLE001 - a broken file, a full disk: logged, the next pass goes on
+                log.exception("the alert sender's pass failed; the next one goes on")
+
+    thread = threading.Thread(target=loop, name="alert-sender", daemon=True)
+    thread.start()
+    try:
         yield
+    finally:
+        # Not waited for past a second: a post under way (up to POST_TIMEOUT_SECONDS) must not eat into the
+        # stop's 30 s; its message stays queued (a post that was accepted is sent again at the next start).
+        stop.set()
+        thread.join(timeout=1.0)
 

@@ -35,7 +35,9 @@ from sensors.dispatcher import default_status, read_cursor, write_cursor
 ALERTS_SENSOR = "photon_alerts"
 WEBHOOK_ENV = "PHOTON_ALERT_WEBHOOK"
 UI_URL_ENV = "PHOTON_UI_URL"  # set by `photon up`: the webserver's address, for the messages' links
-ALERT_TICK_SECONDS = 10
+# As often as the upkeep sensors at most (sensors/upkeep.py: UPKEEP_MAX_TICK_SECONDS): each tick of an idle
+# deployment costs CPU (docs/STACK.md); an alert comes at most 15 s after its event.
+ALERT_TICK_SECONDS = 15
 BATCH = 100  # events read per kind and tick
 # Run ends, read from the event log's index (`fetch_run_status_changes`): each ended run's check evaluations,
 # and a work unit's last attempt ending early. Freshness changes are asset events of that index too.
