@@ -4,13 +4,14 @@ show `text`), put in the data directory's durable outbox (resources/state/alert_
 `photon up`'s sender off this sensor's thread (photon/alert_sender.py):
 
 - `check_failed`: an ASSET_CHECK_EVALUATION of a blocking check that did not pass (a check run may
-  succeed while its check fails: the evaluation says, not the run);
+  succeed while its check fails: the evaluation says, not the run), when the check starts failing: its
+  later failed evaluations add nothing until one passes;
 - `work_unit_failed`: a work unit failed for good, its last attempt (max_attempts) ended early: one
   message per unit, not per attempt (photon_assets/work_unit.py, sensors/retries.py);
 - `stale`: a FRESHNESS_STATE_CHANGE to FAIL, by Dagster's freshness daemon (photon_assets/freshness.py).
 
 It reads the instance's event log after the storage ids its cursor holds (versioned JSON, one id per
-kind of event): the runs that ended (and each one's check evaluations) and the freshness changes; it names
+kind of event, and the checks failing): the runs that ended (and each one's check evaluations) and the freshness changes; it names
 each message by the event's identity (run and check; a work unit's id; a freshness change's storage id),
 so a tick run again puts nothing twice. The SQLite event log answers a query by event type from its index
 only for asset events and run status changes: check evaluations are read per ended run. Its first tick starts from the newest events: it reports what happens
@@ -57,15 +58,21 @@ def ui_link(path: str) -> str | None:
     return f"{base.rstrip('/')}{path}" if base else None
 
 
-def check_alerts(instance: dg.DagsterInstance, run_id: str) -> list[tuple[str, dict]]:
+def check_alerts(instance: dg.DagsterInstance, run_id: str, failing: set[str]) -> list[tuple[str, dict]]:
     """The run's ASSET_CHECK_EVALUATION events of blocking checks that did not pass (a check run succeeds
-    whether its checks pass or not; a click run fails with them)."""
+    whether its checks pass or not; a click run fails with them), each when its check starts failing: not
+    again while later evaluations fail too (the table checks every few minutes, `photon check`), again once
+    one passed. `failing` (the cursor's) holds the checks whose latest evaluation read failed."""
     alerts = []
     for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
         evaluation = entry.dagster_event.asset_check_evaluation_data
-        if evaluation.passed or not evaluation.blocking:
-            continue
         asset, check = evaluation.asset_key.to_user_string(), evaluation.check_name
+        if evaluation.passed or not evaluation.blocking:
+            failing.discard(f"{asset}/{check}")
+            continue
+        if f"{asset}/{check}" in failing:
+            continue
+        failing.add(f"{asset}/{check}")
         counts = ", ".join(f"{k}={v.value}" for k, v in evaluation.metadata.items()
                            if isinstance(v.value, (int, float)) and not isinstance(v.value, bool))
         alerts.append((f"check_failed:{run_id}:{asset}:{check}", message(
@@ -111,22 +118,23 @@ def events_after(instance: dg.DagsterInstance, kind: str, after: int | None, lim
 
 def new_alerts(instance: dg.DagsterInstance, cursor: dict, max_attempts: int) -> list[tuple[str, dict]]:
     """The alerts of the events after the cursor's storage ids, which it moves past them; a kind with no
-    storage id yet (a first tick) starts from its newest event."""
-    alerts = []
+    storage id yet (a first tick) starts from its newest event. Runs in the order they ended."""
+    alerts, failing, ended = [], set(cursor.get("failing", [])), []
     for kind in KINDS:
         records = events_after(instance, kind, cursor.get(kind))
         if cursor.get(kind) is None:
             cursor[kind] = records[0].storage_id if records else 0
             continue
-        for record in records:
-            cursor[kind] = max(cursor[kind], record.storage_id)
-            run_id = record.event_log_entry.run_id
-            if kind == FRESHNESS:
-                alerts += stale_alert(record)
-                continue
-            alerts += check_alerts(instance, run_id)
-            if kind != "successes":
-                alerts += work_unit_alert(instance, run_id, max_attempts)
+        cursor[kind] = max([cursor[kind], *(record.storage_id for record in records)])
+        if kind == FRESHNESS:
+            alerts += [alert for record in records for alert in stale_alert(record)]
+        else:
+            ended += [(record.storage_id, kind, record.event_log_entry.run_id) for record in records]
+    for _, kind, run_id in sorted(ended):
+        alerts += check_alerts(instance, run_id, failing)
+        if kind != "successes":
+            alerts += work_unit_alert(instance, run_id, max_attempts)
+    cursor["failing"] = sorted(failing)
     return alerts
 
 

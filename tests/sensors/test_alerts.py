@@ -51,6 +51,7 @@ def test_failed_blocking_checks_and_work_units_failed_for_good_are_queued_once(t
         cursor = tick(sensor, instance, None)
         assert queued(tmp_path) == []
         failed = dg.materialize([table, no_duplicates, advisory], instance=instance, raise_on_error=False)
+        dg.materialize([table, no_duplicates], instance=instance, raise_on_error=False)  # still failing: no news
         for attempt in (1, 3):  # the first is retried; the third is the last
             dg.materialize([failing], instance=instance, raise_on_error=False,
                            tags={"photon/work_unit": "dc1.click.00000004", "photon/attempt": str(attempt)})
@@ -67,3 +68,24 @@ def test_failed_blocking_checks_and_work_units_failed_for_good_are_queued_once(t
     assert "dc1.click.00000004" in by_kind["work_unit_failed"]["text"]
     assert set(check) == {"text", "kind", "asset", "check", "run_id", "url"}
     assert AlertOutbox(tmp_path / "state" / "alerts").put("check_failed:1", check)  # another event: its own message
+
+
+def test_a_check_failing_again_after_it_passed_is_reported_again(tmp_path, monkeypatch):
+    monkeypatch.setenv(WEBHOOK_ENV, "http://127.0.0.1:1/hook")
+    sensor = alert_sensor(str(tmp_path), SensorDeps(PipelineSettings(), lambda: None))
+    with dg.instance_for_test() as instance:
+        cursor = tick(sensor, instance, None)
+        for passes in (False, True, False):
+            PASSES["now"] = passes
+            dg.materialize([table, flaky], instance=instance, raise_on_error=False)
+            cursor = tick(sensor, instance, cursor)
+    assert [m["check"] for m in queued(tmp_path)] == ["flaky", "flaky"]
+    assert json.loads(cursor)["failing"] == ["table/flaky"]
+
+
+PASSES = {"now": False}
+
+
+@dg.asset_check(asset=table, blocking=True)
+def flaky() -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(passed=PASSES["now"])
