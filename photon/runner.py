@@ -89,8 +89,7 @@ def run_until_idle(
     retry, and at least `min_seconds` have passed (logs still being written: the pipeline keeps
     tailing them meanwhile); then verifies the output. When verification fails, the
     recovery job runs and the pipeline goes on (the re-injected clicks are pending clicks), up to
-    MAX_RECOVERY_ROUNDS times. With `progress`, a line on stderr shows the drain's progress when stderr is a
-    terminal (photon/progress.py). Returns the summary."""
+    MAX_RECOVERY_ROUNDS times. `progress`: a line on stderr if a terminal (photon/progress.py). Returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
     tailing = TailSettings.of(pipeline_settings()).to_json()

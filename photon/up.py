@@ -20,7 +20,8 @@ a row of photon/components.py's table, started, watched and stopped by photon/su
   restart of `photon up`;
 - `dagster-daemon`, with the dispatchers running (they are stopped by default elsewhere), launching
   each run through the run server;
-- `dagster-webserver`, the UI.
+- `dagster-webserver`, the UI;
+- and in its own process, a thread posting the alerts the sensors queue to PHOTON_ALERT_WEBHOOK (photon/alert_sender.py).
 
 A component that exits (but a query tailer) stops the whole deployment with a one-line error naming it and its log
 (`photon up` does not restart it: a deployment that heals silently hides a crash loop). SIGINT or

@@ -10,13 +10,14 @@ show `text`), put in the data directory's durable outbox (resources/state/alert_
   message per unit, not per attempt (photon_assets/work_unit.py, sensors/retries.py);
 - `stale`: a FRESHNESS_STATE_CHANGE to FAIL, by Dagster's freshness daemon (photon_assets/freshness.py).
 
-It reads the instance's event log after the storage ids its cursor holds (versioned JSON, one id per
-kind of event, and the checks failing): the runs that ended (and each one's check evaluations) and the freshness changes; it names
-each message by the event's identity (run and check; a work unit's id; a freshness change's storage id),
-so a tick run again puts nothing twice. The SQLite event log answers a query by event type from its index
-only for asset events and run status changes: check evaluations are read per ended run. Its first tick starts from the newest events: it reports what happens
-while it runs. Without PHOTON_ALERT_WEBHOOK it only moves its cursor. `photon run` does not tick it: its
-summary and exit status say the same things.
+It reads the instance's event log after the storage ids its cursor holds (versioned JSON: one id per kind
+of event, and the checks failing): the runs that ended, each one's check evaluations, and the freshness
+changes. It names each message by the event's identity (run and check; a work unit's id; a freshness
+change's storage id), so a tick run again puts nothing twice. (The SQLite event log answers a query by
+event type from its index only for asset events and run status changes: check evaluations are read per
+ended run.) Its first tick starts from the newest events: it reports what happens while it runs. Without
+PHOTON_ALERT_WEBHOOK it only moves its cursor. `photon run` does not tick it: its summary and exit status
+say the same things.
 """
 
 from __future__ import annotations
