@@ -226,7 +226,7 @@ def command_run(args) -> int:
     try:
         summary = run_until_idle(
             layout, datacenters, log, args.timeout_seconds, run_log_level="DEBUG" if args.verbose else "WARNING",
-            min_seconds=args.min_seconds, registry_replicas=args.registry_replicas,
+            min_seconds=args.min_seconds, registry_replicas=args.registry_replicas, progress=not args.json,
         )
     except RunnerError as error:
         print(f"photon: error: {error}", file=sys.stderr)

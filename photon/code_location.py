@@ -13,8 +13,9 @@ from pathlib import Path
 import dagster as dg
 
 from photon_assets import bookkeeping
-from photon_assets.checks import ALL_CHECKS, joined_clicks_freshness
+from photon_assets.checks import ALL_CHECKS
 from photon_assets.clicks import click_aggregates, join_clicks
+from photon_assets.freshness import with_freshness
 from photon_assets.jobs import check_tables_job, ingest_queries_job, join_clicks_job, refresh_aggregates_job, verify_job
 from photon_assets.maintenance import maintain_tables_job
 from photon_assets.queries import ingest_query_logs
@@ -24,9 +25,9 @@ from resources.settings import pipeline_settings
 from resources.spark.session import spark_resource_from_env
 from resources.state.layout import DATA_DIR_ENV, DataLayout
 from resources.storage import WarehouseResource
+from sensors.alerts import alert_sensor
 from sensors.deps import SensorDeps
 from sensors.dispatcher import log_dispatcher, pending_dispatcher, ticked_by_daemon
-from sensors.freshness import freshness_sensor
 from sensors.upkeep import aggregates_refresher, table_checker, table_maintainer
 
 
@@ -36,15 +37,15 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
     if datacenters is None:
         datacenters = DataLayout(Path(data_dir).resolve()).datacenters()
     settings = pipeline_settings()
-    freshness = joined_clicks_freshness(settings.joined_clicks_fresh_within_seconds)
     deps = SensorDeps(settings, registry_resource_from_env(data_dir, resolved=True).get,
                       ticked_by_daemon=ticked_by_daemon())
     return dg.Definitions(
-        # The implicit asset job's runs (the freshness check's, Materialize in the UI) too: a process per
-        # step (Dagster's default, multiprocess) cost them ~5 s of start each.
+        # The implicit asset job's runs (Materialize in the UI, `dg launch`) too: a process per step (Dagster's
+        # default, multiprocess) cost them ~5 s of start each.
         executor=dg.in_process_executor,
-        assets=[ingest_query_logs, join_clicks, click_aggregates, *bookkeeping.SPECS],
-        asset_checks=[*ALL_CHECKS, *freshness],
+        assets=with_freshness([ingest_query_logs, join_clicks, click_aggregates, *bookkeeping.SPECS],
+                              settings.joined_clicks_fresh_within_seconds),
+        asset_checks=ALL_CHECKS,
         jobs=[ingest_queries_job, join_clicks_job, refresh_aggregates_job, check_tables_job, verify_job,
               recover_lost_clicks_job, maintain_tables_job],
         sensors=[
@@ -57,7 +58,7 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
             aggregates_refresher(data_dir, deps),
             table_checker(data_dir, deps),
             table_maintainer(data_dir, deps),
-            freshness_sensor(freshness),
+            alert_sensor(data_dir, deps),
         ],
         resources={
             "spark": spark_resource_from_env(),

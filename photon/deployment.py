@@ -69,12 +69,9 @@ run_coordinator:
         value: "true"
         limit: 1
       # Work kept off the click path (aggregates refresh, table maintenance, table checks;
-      # photon_assets/jobs.py) and the freshness check's runs take one slot at most: the third.
+      # photon_assets/jobs.py) takes one slot at most: the third.
       - key: photon/off_click_path
         value: "true"
-        limit: 1
-      - key: dagster/sensor_name
-        value: joined_clicks_freshness_sensor
         limit: 1
 # Each sensor the daemon ticks on a thread of its own: a click log dispatcher's tick may wait for its
 # run in flight to finish (sensors/dispatcher.py: await_run_end) while the others tick. `photon run`
@@ -82,6 +79,10 @@ run_coordinator:
 sensors:
   use_threads: true
   num_workers: 8
+# Dagster's freshness daemon evaluates the assets' FreshnessPolicy (photon_assets/freshness.py) every 30 s
+# (FRESHNESS_DAEMON_INTERVAL_SECONDS) and records each change of state; Dagster 1.13 enables it by default.
+freshness:
+  enabled: true
 telemetry:
   enabled: false
 # No community sign-up dialog over the UI of a deployment.

@@ -28,6 +28,7 @@ from photon.components import query_tailers
 from photon.dagster_internals import in_process_workspace, remote_sensors, runs_on_several_threads, sensor_pass
 from photon.deployment import (RunnerError, datacenter_leases, exclusive, fail_orphaned_runs, headless_instance,
                                prepare_environment)
+from photon.progress import Progress, progress_for, shown
 from photon.query_tail import TailSettings
 from photon.registry_cluster import registry_for
 from photon.summary import summarize
@@ -47,8 +48,8 @@ from resources.settings import pipeline_settings
 from resources.spark.session import spark_session
 from resources.state.layout import REPO_ROOT, DataLayout
 from resources.state.work_unit_log import WorkUnitLog, new_ranges
+from sensors.alerts import ALERTS_SENSOR
 from sensors.dispatcher import pending_retry
-from sensors.freshness import FRESHNESS_SENSOR
 from sensors.upkeep import AGGREGATES_SENSOR, CHECKS_SENSOR, MAINTENANCE_SENSOR
 
 # Sensor passes in a row that launch nothing before the pipeline counts as idle: one, as every sensor of
@@ -63,12 +64,12 @@ def workspace(instance: dg.DagsterInstance):
 
 
 def loaded_sensors(context) -> list:
-    """The dispatchers of the code location, not the freshness sensor (sensors/freshness.py) nor the table
-    checks' (photon run verifies once its drain is idle)."""
+    """The dispatchers of the code location, not the table checks' sensor (photon run verifies once its
+    drain is idle) nor the alerts' (its summary and exit status say what they would: sensors/alerts.py)."""
     sensors, errors = remote_sensors(context)
     if errors:
         raise RunnerError(f"definitions failed to load: {errors[0]}")
-    return [sensor for sensor in sensors if sensor.name not in (FRESHNESS_SENSOR, CHECKS_SENSOR)]
+    return [sensor for sensor in sensors if sensor.name not in (CHECKS_SENSOR, ALERTS_SENSOR)]
 
 
 def start_spark_session(log: logging.Logger) -> None:
@@ -83,13 +84,13 @@ def start_spark_session(log: logging.Logger) -> None:
 
 def run_until_idle(
     layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING",
-    min_seconds: float = 0.0, registry_replicas: int | None = None,
+    min_seconds: float = 0.0, registry_replicas: int | None = None, progress: bool = False,
 ) -> dict:
     """Ticks every dispatcher until a pass launches nothing and no failed work unit waits for a
     retry, and at least `min_seconds` have passed (logs still being written: the pipeline keeps
     tailing them meanwhile); then verifies the output. When verification fails, the
     recovery job runs and the pipeline goes on (the re-injected clicks are pending clicks), up to
-    MAX_RECOVERY_ROUNDS times. Returns the summary."""
+    MAX_RECOVERY_ROUNDS times. `progress`: a line on stderr if a terminal (photon/progress.py). Returns the summary."""
     started = time.monotonic()
     prepare_environment(layout, datacenters, run_log_level)
     tailing = TailSettings.of(pipeline_settings()).to_json()
@@ -117,7 +118,8 @@ def run_until_idle(
             try:
                 while True:
                     drain(Drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds,
-                                first_run, supervisor, min_seconds))
+                                first_run, supervisor, min_seconds,
+                                progress_for(progress, layout, datacenters, instance)))
                     checks = verify(instance, layout)
                     verification = {check.name: check.passed for check in checks}
                     if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
@@ -218,6 +220,7 @@ class Drain:
     first_run: int
     supervisor: Supervisor
     min_seconds: float = 0.0
+    progress: Progress | None = None  # the line on a terminal (photon/progress.py)
 
     def runs(self) -> int:
         return own_runs(self.instance, self.datacenters)
@@ -228,7 +231,7 @@ def drain(d: Drain) -> None:
     waits, and min_seconds have passed since the start. Each pass first looks at the children: a
     fatal one that exited (this process's own registry service: every run would fail until the
     timeout) stops it with one line; a query tailer is restarted."""
-    with off_click_passes(d.context, d.log.getChild("sensors")):
+    with off_click_passes(d.context, d.log.getChild("sensors")), shown(d.progress, d.log):
         _drain(d)
 
 

@@ -123,9 +123,13 @@ class Supervisor:
             spec.before_start()
         command = spec.fresh_command() if spec.fresh_command is not None else spec.command
         spec.log.parent.mkdir(parents=True, exist_ok=True)
+        # This checkout's modules first, whatever the environment's installation points at (a code
+        # server imports the instance's storage class before it puts its working directory on the path).
+        env = dict(spec.env or os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         with open(spec.log, "ab") as output:
             process = subprocess.Popen(
-                [*PDEATHSIG, *command], cwd=REPO_ROOT, env=spec.env or dict(os.environ), stdout=output,
+                [*PDEATHSIG, *command], cwd=REPO_ROOT, env=env, stdout=output,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         previous = self.children.get(spec.name)
         child = Child(spec, process, time.monotonic())

@@ -20,7 +20,8 @@ a row of photon/components.py's table, started, watched and stopped by photon/su
   restart of `photon up`;
 - `dagster-daemon`, with the dispatchers running (they are stopped by default elsewhere), launching
   each run through the run server;
-- `dagster-webserver`, the UI.
+- `dagster-webserver`, the UI;
+- and in its own process, a thread posting the alerts the sensors queue to PHOTON_ALERT_WEBHOOK (photon/alert_sender.py).
 
 A component that exits (but a query tailer) stops the whole deployment with a one-line error naming it and its log
 (`photon up` does not restart it: a deployment that heals silently hides a crash loop). SIGINT or
@@ -46,6 +47,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from photon.alert_sender import alert_sender
 from photon.components import Launch, query_tailers, spark_connect_launch, start_component
 from photon.deployment import (
     datacenter_leases, exclusive, fail_orphaned_runs, headless_instance, only_one_up, prepare_environment,
@@ -59,6 +61,7 @@ from resources.settings import pipeline_settings
 from resources.spark.connect_server import free_port
 from resources.spark.session import SPARK_REMOTE_ENV
 from resources.state.layout import DataLayout
+from sensors.alerts import UI_URL_ENV
 from sensors.dispatcher import SENSORS_RUNNING_ENV
 
 REAP_EVERY_SECONDS = 5.0
@@ -73,7 +76,7 @@ def up_dir(layout: DataLayout) -> Path:
 
 
 def deployment_runs(instance: dg.DagsterInstance, datacenters: list[str], statuses) -> list[dg.DagsterRun]:
-    """Runs of these datacenters, or of none (aggregates, checks, maintenance, freshness), in `statuses`."""
+    """Runs of these datacenters, or of none (aggregates, checks, maintenance), in `statuses`."""
     return [run for run in instance.get_runs(dg.RunsFilter(statuses=list(statuses)))
             if run.tags.get(TAG_DC) in (None, *datacenters)]
 
@@ -94,8 +97,8 @@ def end_runs(instance: dg.DagsterInstance, datacenters: list[str], log: logging.
 
 
 def fail_dead_runs(instance: dg.DagsterInstance, datacenters: list[str]) -> list[str]:
-    """Started runs of these datacenters, or of none (the freshness check's, the aggregates refresh,
-    table maintenance), whose process is gone (killed: Dagster's default run launcher has no health
+    """Started runs of these datacenters, or of none (the table checks, the aggregates refresh, table
+    maintenance), whose process is gone (killed: Dagster's default run launcher has no health
     check, and such a run would stay started for good) are marked failed, so that the dispatchers
     retry their work units and the runs of a sensor with a concurrency limit of one are launched
     again. Returns their run ids."""
@@ -145,7 +148,8 @@ def start_components(supervisor: Supervisor, layout: DataLayout, remote: str, po
     (already starting: each is seconds of JVM start or imports on two cores): the webserver and the
     daemon wait for the code server, and the daemon for Spark to serve and the run server to listen,
     since it launches runs at once. Returns the UI's URL."""
-    env = {**os.environ, SPARK_REMOTE_ENV: remote, SENSORS_RUNNING_ENV: "1"}
+    # The alert sensor's messages link to the UI (sensors/alerts.py).
+    env = {**os.environ, SPARK_REMOTE_ENV: remote, SENSORS_RUNNING_ENV: "1", UI_URL_ENV: f"http://127.0.0.1:{port}"}
     # Runs are forks of the run server (photon/run_server.py), in its process group: stopped right
     # after the daemon (no new runs), before the UI and Spark.
     start_component(supervisor, "run-server", Launch(layout, env))
@@ -191,6 +195,7 @@ def bring_up(layout: DataLayout, datacenters: list[str], port: int, spark_master
             held.enter_context(query_tailers(supervisor, layout, datacenters,
                                              TailSettings.of(pipeline_settings()).to_json()))
             url = start_components(supervisor, layout, f"sc://127.0.0.1:{spark_port}", port)
+            held.enter_context(alert_sender(layout.alerts_dir, log))
             ready(f"photon up: {url} (data {layout.root}; logs {up_dir(layout)}); Ctrl-C stops", flush=True)
             reaped = time.monotonic()
             while not stopping:

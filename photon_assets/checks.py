@@ -7,8 +7,6 @@ in flight: their output may legitimately not be there yet.
 """
 
 
-import datetime
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -148,22 +146,6 @@ def joined_clicks_within_query_cap(
         metadata={"max_clicks_per_query": cap, "largest_query_joined_clicks": row["largest"],
                   "queries_over_cap": row["over"], "clicks_capped": row["capped"]},
     )
-
-
-def joined_clicks_freshness(fresh_within_seconds: float) -> list[dg.AssetChecksDefinition]:
-    """Fails when joined_clicks has not been materialized for `fresh_within_seconds`: under live
-    logs every click pass materializes it. It judges the pipeline's liveness, not the tables'
-    content, so it is not among ALL_CHECKS (`verify`, `photon check`): a data directory processed
-    yesterday is correct, not stale. Its sensor (sensors/freshness.py) runs it under the daemon.
-
-    Dagster 1.13 prefers FreshnessPolicy, still in preview: evaluated only by a daemon with
-    `freshness: enabled` set, it cannot run in `materialize` or a test; a check can."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dg.SupersessionWarning)
-        return list(dg.build_last_update_freshness_checks(
-            assets=["joined_clicks"], lower_bound_delta=datetime.timedelta(seconds=fresh_within_seconds),
-            severity=dg.AssetCheckSeverity.ERROR,
-        ))
 
 
 # The checks each click run makes of what it wrote (photon_assets/clicks.py yields them), at a cost that

@@ -93,15 +93,33 @@ def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, d
     ],
     check_specs=WORK_UNIT_CHECK_SPECS,
     name="join_clicks",
+    # Any one key may be selected (`dg launch --assets joined_clicks`, `dagster asset materialize --select`:
+    # the CLI does not add a multi-asset's other keys as the UI does); a pass writes the three tables whatever
+    # the selection, and records all three (`all_recorded`).
+    can_subset=True,
 )
 def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark: SparkResource,
               warehouse: WarehouseResource, registry: IdRegistryResource, settings: PipelineSettings):
+    yield from all_recorded(context, _join_clicks(context, config, spark, warehouse, registry, settings))
+
+
+def all_recorded(context: dg.AssetExecutionContext, results):
+    """A pass's results, each table's materialization recorded whatever the run selected: a result of a
+    key the run selected is its output; one outside the selection (the run selected a single key of
+    join_clicks) is logged as that asset's materialization, with the same metadata."""
+    selected = context.selected_asset_keys
+    for result in results:
+        if isinstance(result, dg.MaterializeResult) and dg.AssetKey.from_coercible(result.asset_key) not in selected:
+            context.log_event(dg.AssetMaterialization(asset_key=result.asset_key, metadata=result.metadata))
+        else:
+            yield result
+
+
+def _join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark: SparkResource,
+                 warehouse: WarehouseResource, registry: IdRegistryResource, settings: PipelineSettings):
     with run_opening(context, config, "click", spark, warehouse, registry, settings) as opening:
         if opening.unit is None:
-            yield from tables_as_they_are(opening.session, opening.tables, ["click_ledger", "joined_clicks",
-                                                                            "unjoinable_clicks"], config.dc)
-            yield from work_unit_checks(*[no_rows(name).select(["click_id"]) for name in WRITTEN], LOOKUP_SCHEMA.empty_table(),
-                                        JoinStats())
+            yield from nothing_new(opening, config.dc)
             return
         config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
         batched_before = registry.get().counters()["total"]
@@ -120,21 +138,9 @@ def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark
         quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if ingest.quarantined else 0
         meter.phase("row_counts")
         cost = opening.cost()
-    yield dg.MaterializeResult(
-        asset_key="click_ledger",
-        metadata={
-            **table_uri(tables, "click_ledger"),
-            **common,
-            "dagster/row_count": ledger_rows,
-            "click_lines": ingest.events,
-            "quarantined_lines": ingest.quarantined,
-            "bytes_read": ingest.bytes_read,
-            # A retry's ranges that another datacenter finished while this one was down: not read again.
-            "bytes_finished_elsewhere": ingest.bytes_finished_elsewhere,
-            "bytes_behind_log_heads": behind,
-            **watermark_metadata(watermark),
-        },
-    )
+    yield dg.MaterializeResult(asset_key="click_ledger", metadata={
+        **table_uri(tables, "click_ledger"), **common, "dagster/row_count": ledger_rows,
+        **ledger_metadata(ingest, behind), **watermark_metadata(watermark)})
     yield dg.MaterializeResult(
         asset_key="joined_clicks",
         metadata={**table_uri(tables, "joined_clicks"), **common, "dagster/row_count": joined_rows,
@@ -143,19 +149,31 @@ def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark
     context.log_event(pending_clicks_changed(tables, pending_rows, common, digest.pending))
     if ingest.quarantined:
         context.log_event(lines_quarantined(tables, quarantine_rows, common, "click", ingest.quarantined))
-    yield dg.MaterializeResult(
-        asset_key="unjoinable_clicks",
-        metadata={
-            **table_uri(tables, "unjoinable_clicks"),
-            **common,
-            "dagster/row_count": unjoinable_rows,
-            "clicks_added": stats.unjoinable,
-        },
-    )
+    yield dg.MaterializeResult(asset_key="unjoinable_clicks", metadata={
+        **table_uri(tables, "unjoinable_clicks"), **common, "dagster/row_count": unjoinable_rows,
+        "clicks_added": stats.unjoinable})
     yield from checks
 
 
 WRITTEN = ("joined_clicks", "unjoinable_clicks")
+
+
+def nothing_new(opening, dc: str):
+    """A catch-up run that found nothing new to read: the tables as they are, and the checks of no rows."""
+    yield from tables_as_they_are(opening.session, opening.tables, ["click_ledger", *WRITTEN], dc)
+    yield from work_unit_checks(*[no_rows(name).select(["click_id"]) for name in WRITTEN], LOOKUP_SCHEMA.empty_table(),
+                                JoinStats())
+
+
+def ledger_metadata(ingest: IngestStats, behind: int) -> dict:
+    return {
+        "click_lines": ingest.events,
+        "quarantined_lines": ingest.quarantined,
+        "bytes_read": ingest.bytes_read,
+        # A retry's ranges that another datacenter finished while this one was down: not read again.
+        "bytes_finished_elsewhere": ingest.bytes_finished_elsewhere,
+        "bytes_behind_log_heads": behind,
+    }
 
 
 def checked_output(config: WorkUnitConfig, tables: dict[str, str], before: dict[str, int],

@@ -37,8 +37,9 @@ class PipelineSettings(dg.ConfigurableResource):
     # past 5 s in 13 % of a live run's ticks (the next cut 2-5 s late); at 3.5 s they have 1.5 s.
     # `photon run` ticks every second and never waits. 0: never.
     dispatcher_tick_wait_seconds: float = 3.5
-    # Freshness (photon_assets/checks.py: joined_clicks_freshness): under live logs every click pass
-    # materializes joined_clicks; none for this long means the pipeline stopped joining.
+    # Freshness (photon_assets/freshness.py: the FreshnessPolicy of joined_clicks and click_aggregates, fail
+    # window; warn at half of it): under live logs every click pass materializes joined_clicks; none for this
+    # long means the pipeline stopped joining. A minute at least (Dagster's minimum window).
     joined_clicks_fresh_within_seconds: float = 600.0
     # Log file map (Photon §3.4.2): an entry every W seconds of event time or M bytes of log.
     log_file_map_every_seconds: int = 10

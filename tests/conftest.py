@@ -58,6 +58,7 @@ SLOWEST_FIRST = (
     "tests/e2e/test_replicated_registry.py",
     "tests/e2e/test_up.py",
     "tests/e2e/test_up_checks.py",
+    "tests/e2e/test_up_freshness.py",
     "tests/e2e/test_photon_run.py",
     "tests/spark_ops/test_query_tiers.py",
     "tests/benchmarks/test_run.py",

@@ -72,6 +72,11 @@ class DataLayout:
         return self.root / "state" / "maintenance" / "removals.json"
 
     @property
+    def alerts_dir(self) -> Path:
+        """The alerts' outbox (resources/state/alert_outbox.py)."""
+        return self.root / "state" / "alerts"
+
+    @property
     def staging(self) -> Path:
         return self.root / "staging"
 

@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from photon_assets.checks import ALL_CHECKS, WORK_UNIT_CHECK_SPECS, joined_clicks_freshness
+from photon_assets.checks import ALL_CHECKS, WORK_UNIT_CHECK_SPECS
 from photon_assets.jobs import CHECK_TABLES_JOB
 from resources.spark.connect_server import free_port
 from resources.spark.session import SPARK_REMOTE_ENV
@@ -40,7 +40,6 @@ ASSET_GROUPS = {
 }
 JOINED_CLICKS_CHECKS = sorted(
     [c.check_key.name for c in ALL_CHECKS if c.check_key.asset_key == dg.AssetKey("joined_clicks")]
-    + [key.name for checks in joined_clicks_freshness(600) for key in checks.check_keys]
     + [spec.name for spec in WORK_UNIT_CHECK_SPECS]  # the click run's own, in its op
 )
 
@@ -113,7 +112,7 @@ def polled(up: subprocess.Popen, probe, what: str):
 
 def settled(url: str, up: subprocess.Popen) -> None:
     """Until no run is queued or running: the deployment's own first runs (a table check on what
-    `photon run` committed, the freshness check) start before the UI's, and its checks are the
+    `photon run` committed) start before the UI's, and its checks are the
     latest evaluations of joined_clicks' latest materialization."""
     polled(up, lambda: True if not graphql(url, UNFINISHED_RUNS_QUERY)["runsOrError"]["results"] else None,
            "settled (runs still in flight)")

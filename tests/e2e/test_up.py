@@ -88,7 +88,7 @@ def start_up(data_dir: Path, env: dict[str, str], port: int | None = None, extra
 
 
 def started_run(instance: dg.DagsterInstance, up: subprocess.Popen, not_in: set[str]) -> tuple[str, int]:
-    """A pipeline run (not the freshness sensor's) not in `not_in`, in the middle of its work (its
+    """A pipeline run (not a table check, refresh or maintenance run) not in `not_in`, in the middle of its work (its
     process began 2 s ago: past its Dagster and Spark start, ~0.5 s; at 5 s, on 2026-11-30's faster
     machine, a run of this workload could end before one was seen); its id and pid."""
     deadline = time.monotonic() + 300

@@ -7,15 +7,17 @@ On a live workload (`photon gen --follow`, clicks and queries appended for 150 s
 2. A restart completes the work exactly once; meanwhile the table checks ran beside the click runs,
    and the aggregates check passed every time.
 3. Another writer appends a copy of a joined row to joined_clicks: the next table checks fail
-   (joined_clicks_unique), visible over /graphql and on the asset's checks tab; click_aggregates is
-   held (its refresher's ticks say why) and never reaches the duplicate's version; `photon check` exits
-   1 naming the check.
+   (joined_clicks_unique), visible over /graphql and on the asset's checks tab; the webhook of
+   PHOTON_ALERT_WEBHOOK receives one message naming the check (its first answer, 500, made the sender post
+   it again, and the pipeline went on); click_aggregates is held (its refresher's ticks say why) and never
+   reaches the duplicate's version; `photon check` exits 1 naming the check.
 4. The recovery job launched over the UI's GraphQL API removes the copy; the next checks pass, the
    aggregates refresh again, and `photon check` passes.
 """
 
 import json
 import os
+from contextlib import ExitStack
 import signal
 import subprocess
 import time
@@ -36,6 +38,7 @@ from tests.e2e.test_photon_run import PHOTON, photon
 from tests.e2e.test_ui import CHROMIUM, graphql, ui_page
 from photon.run_processes import run_process
 from tests.e2e.test_up import descendants, wait_for_output, wait_until_gone
+from tests.webhook import Webhook, webhook_server
 
 pytestmark = pytest.mark.e2e
 
@@ -55,11 +58,12 @@ LAUNCH_MUTATION = """mutation Launch($params: ExecutionParams!) { launchRun(exec
 RUN_QUERY = """query Run($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"""
 
 
-def start_up(data_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_up(data_dir: Path, log: Path, webhook: str | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
+    alerts = {"PHOTON_ALERT_WEBHOOK": webhook} if webhook else {}
     with open(log, "ab") as output:
         up = subprocess.Popen([*PHOTON, "up", "--data-dir", str(data_dir), "--port", str(port)], cwd=REPO_ROOT,
-                              env={**os.environ, "PHOTON_SETTINGS": json.dumps(SETTINGS)},
+                              env={**os.environ, "PHOTON_SETTINGS": json.dumps(SETTINGS), **alerts},
                               stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: served(url, up, log), "the UI to serve")
@@ -154,6 +158,11 @@ def checked_beside_a_click_run(url: str, instance: dg.DagsterInstance) -> bool:
 
 
 def test_checks_gate_the_running_deployment_and_a_stop_is_clean(tmp_path):
+    with ExitStack() as held:
+        checks_gate_the_running_deployment(tmp_path, held)
+
+
+def checks_gate_the_running_deployment(tmp_path, held: ExitStack):
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium", pytrace=False)
     data_dir, log = tmp_path / "data", tmp_path / "up.log"
@@ -180,7 +189,8 @@ def test_checks_gate_the_running_deployment_and_a_stop_is_clean(tmp_path):
     assert instance.get_runs_count(dg.RunsFilter(statuses=list(UNFINISHED))) == 0
 
     # 2. The restart completes the work exactly once: every check passes at idle.
-    up, url = start_up(data_dir, log)
+    hook = held.enter_context(webhook_server(Webhook(statuses=[500])))  # refuses its first message
+    up, url = start_up(data_dir, log, hook.url)
     try:
         wait_for(lambda: checked_beside_a_click_run(url, instance), "a check_tables run beside a click run",
                  GEN_SECONDS + 120)
@@ -207,6 +217,11 @@ def test_checks_gate_the_running_deployment_and_a_stop_is_clean(tmp_path):
                              for t in graphql(url, TICKS_QUERY, selector=refresher)["sensorOrError"]["sensorState"]["ticks"]),
                  "the aggregates refresher to hold")
         assert aggregated_through(instance) < duplicated_at  # the refresh holds, or refuses (spark_ops/aggregates.py)
+        [alert] = wait_for(lambda: check_alerts(hook, "joined_clicks_unique"), "the webhook's message", 120)
+        assert (alert["kind"], alert["asset"], alert["run_id"]) == ("check_failed", "joined_clicks", failed["runId"])
+        assert "duplicate_rows=1" in alert["text"] and alert["url"].startswith(url)
+        assert hook.received[0][0] == 500 and hook.received[0][1] in hook.accepted()  # refused, then posted again
+        assert served(url, up, log)  # the deployment went on
         with ui_page() as page:
             page.goto(f"{url}/assets/joined_clicks?view=checks&checkDetail=joined_clicks_unique")
             expect(page.get_by_text("Failed", exact=True).first).to_be_visible()
@@ -221,7 +236,7 @@ def test_checks_gate_the_running_deployment_and_a_stop_is_clean(tmp_path):
     assert "joined_clicks_unique" in checked.stderr, checked.stderr
 
     # 4. Recovery, launched over the UI's API; the next checks pass and the aggregates resume.
-    up, url = start_up(data_dir, log)
+    up, url = start_up(data_dir, log, hook.url)
     try:
         launched = graphql(url, LAUNCH_MUTATION, params={"selector": {**LOCATION, "jobName": "recover_lost_clicks"},
                                                          "runConfigData": {}})["launchRun"]
@@ -237,3 +252,8 @@ def test_checks_gate_the_running_deployment_and_a_stop_is_clean(tmp_path):
             terminate(up)
     checked = photon("check", "--data-dir", str(data_dir))
     assert checked.returncode == 0, checked.stderr
+    assert len(check_alerts(hook, "joined_clicks_unique")) == 1  # one message for the one failed evaluation
+
+
+def check_alerts(hook: Webhook, check: str) -> list[dict]:
+    return [m for m in hook.accepted() if m["kind"] == "check_failed" and m["check"] == check]

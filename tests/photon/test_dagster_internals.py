@@ -11,7 +11,6 @@ from photon.dagster_internals import in_process_workspace, instance_at, remote_s
 from photon.deployment import instance_yaml
 from photon.runner import PASS_INTERVAL_SECONDS
 from resources.state.layout import DATA_DIR_ENV, REPO_ROOT
-from sensors.freshness import FRESHNESS_SENSOR
 
 
 def test_the_daemon_sensor_iteration_takes_what_sensor_pass_passes():
@@ -40,8 +39,8 @@ def test_the_code_location_loads_in_process_with_its_dispatchers(tmp_path, monke
         sensors, errors = remote_sensors(context)
     assert errors == []
     assert sorted(s.name for s in sensors) == [
-        "click_aggregates_refresher", "click_log_dispatcher_dc1", "joined_clicks_freshness_sensor",
-        "pending_click_dispatcher_dc1", "query_log_dispatcher_dc1", "table_checker", "table_maintenance",
+        "click_aggregates_refresher", "click_log_dispatcher_dc1",
+        "pending_click_dispatcher_dc1", "photon_alerts", "query_log_dispatcher_dc1", "table_checker", "table_maintenance",
     ]
 
 
@@ -59,7 +58,7 @@ def test_every_sensor_due_at_the_pace_ticks_in_each_pass(tmp_path, monkeypatch):
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     instance = instance_at(tmp_path / "dagster")
     with in_process_workspace(instance, "definitions", REPO_ROOT, "photon") as context:
-        sensors = [s for s in remote_sensors(context)[0] if s.name != FRESHNESS_SENSOR]
+        sensors = remote_sensors(context)[0]
         for sensor in sensors:
             instance.start_sensor(sensor)
         for _ in range(2):

@@ -29,12 +29,12 @@ def dead_pid() -> int:
 
 
 def test_runs_of_these_datacenters_or_of_none_whose_process_died_are_failed(tmp_path):
-    """A run of no datacenter (the freshness check's, an aggregates refresh, table maintenance) left
+    """A run of no datacenter (the table checks, an aggregates refresh, table maintenance) left
     started by a killed deployment held its concurrency slot for good: no such run launched again."""
     with dg.DagsterInstance.ephemeral(tempdir=str(tmp_path)) as instance:
         dead = dead_pid()
         ours = started_run(instance, "join_clicks_job", {TAG_DC: "dc1"}, dead)
-        deployment_wide = started_run(instance, "__ASSET_JOB", {"dagster/sensor_name": "joined_clicks_freshness_sensor"}, dead)
+        deployment_wide = started_run(instance, "check_tables", {"photon/kind": "checks"}, dead)
         other_dc = started_run(instance, "join_clicks_job", {TAG_DC: "dc2"}, dead)
         alive = started_run(instance, "refresh_aggregates", {}, os.getpid())
 
