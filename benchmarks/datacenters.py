@@ -28,9 +28,20 @@
    backlog clicks per second of catch-up, over the live click rate. Then the output against the
    generator's truth: every joinable click once.
 
+5. The loss of a registry machine (`registry_loss`): the same live two-datacenter workload on the
+   replicated registry (`photon registry serve --replicas 3`, each datacenter's `photon run` preferring
+   its own replica: dc1 replica-1, dc2 replica-2); after `--outage-after` seconds the machine of the
+   replica dc1 uses is lost: replica-1 and etcd member 1 SIGKILLed, their directories deleted. The
+   serving process replaces the member and rebuilds the replica from a live one's snapshot
+   (`replica_rebuilt_seconds`); dc1's runs go on against replica-2 meanwhile, its memory tier lost
+   and fed again by its tailer. The backlog is the click lines dc1's logs received from the loss until
+   replica-1 served again; `catch_up_rate_multiple`: those clicks per second of dc1's catch-up (until
+   its dispatcher cut every byte its logs held then, each unit done), over the live rate. Then every
+   joinable click once, and the replicas' id sets equal.
+
 Each run's stderr is in `photon-run-<dc>-<n>.log` of its data directory (`--work-dir` keeps them).
 
-    python benchmarks/datacenters.py [--parts both,failover,outage,live-outage] [--rate 1000 --outage-seconds 600]
+    python benchmarks/datacenters.py [--parts both,failover,outage,live-outage,registry-loss] [--rate 1000 --outage-seconds 600]
 
 Writes benchmarks/results/<date>-datacenters-<commit>.json and prints a summary.
 """
@@ -354,7 +365,118 @@ def live_outage(work: Path, seed: int, rate: float, before: float, outage: float
     }
 
 
-PARTS = ("both", "failover", "outage", "live-outage")
+class ReplicatedRegistry:
+    """`photon registry serve --replicas 3` on the data directory, once it prints its replicas."""
+
+    def __init__(self, data_dir: Path):
+        self.log = open(data_dir / "registry-bench.log", "ab")
+        self.process = subprocess.Popen([*PHOTON, "registry", "serve", "--data-dir", str(data_dir), "--replicas", "3"],
+                                        cwd=REPO, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                        start_new_session=True)
+        line = self.process.stdout.readline()
+        if not line.startswith("photon registry: replicas at "):
+            raise SystemExit(f"the replicated registry did not start: {line!r}")
+        self.replicas = line.split("replicas at ", 1)[1].split(";", 1)[0].split(",")
+
+    def preferring(self, n: int) -> str:
+        """The replicas' addresses, replica n (from 1) first: a datacenter's processes prefer their own."""
+        return ",".join(self.replicas[n - 1:] + self.replicas[:n - 1])
+
+    def stop(self) -> None:
+        from resources.runtime.process_groups import stop_group
+
+        stop_group(self.process, 60)
+        self.log.close()
+
+
+def pid_with(data: Path, marker: str) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(data) in line and marker in line:
+                return int(entry.name)
+    return None
+
+
+def lose_registry_machine(data: Path, n: int) -> None:
+    """Replica n and etcd member n SIGKILLed, their directories deleted: machine n is gone."""
+    for marker in (f"--name etcd-{n} ", f"--replica replica-{n} "):
+        pid = pid_with(data, marker)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(data / "registry" / "etcd" / f"etcd-{n}", ignore_errors=True)
+    shutil.rmtree(data / "registry" / f"replica-{n}", ignore_errors=True)
+
+
+def registry_loss(work: Path, seed: int, rate: float, before: float, after: float) -> dict:
+    from deltalake import DeltaTable
+
+    from resources.registry.client import RemoteIdRegistry
+
+    data = work / "registry-loss"
+    total = before + after
+    gen = subprocess.Popen([*PHOTON, "gen", "--data-dir", str(data), "--follow", "--rate", str(rate), "--duration-s",
+                            str(total), "--seed", str(seed), "--datacenters", "dc1,dc2", "--rotate-bytes", str(1 << 20)],
+                           cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not (data / "logs" / "dc2" / "click").is_dir():
+        if gen.poll() is not None:
+            raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
+        time.sleep(0.1)
+    started = time.monotonic()
+    registry = ReplicatedRegistry(data)
+    try:
+        dc1 = start_run(data, "dc1", registry.preferring(1), "--min-seconds", str(total))
+        dc2 = start_run(data, "dc2", registry.preferring(2), "--min-seconds", str(total))
+        time.sleep(max(0.0, before - (time.monotonic() - started)))
+        down, lost_at = click_sizes(data, "dc1"), time.monotonic()
+        lose_registry_machine(data, 1)
+        ready = data / "registry" / "replica-1" / "ready"
+        while not ready.exists():
+            if time.monotonic() - lost_at > 600:
+                raise SystemExit("replica-1 was not rebuilt within 10 minutes")
+            time.sleep(0.2)
+        rebuilt_seconds = time.monotonic() - lost_at
+        back = click_sizes(data, "dc1")
+        backlog = lines_between(data, "dc1", down, back)
+        caught_from = time.monotonic()
+        while not caught_up(data, "dc1", back, registry.preferring(1)):
+            if dc1[0].poll() is not None:
+                raise SystemExit(f"dc1 ended before it caught up: {stderr_tail(dc1[0])}")
+            time.sleep(0.5)
+        catch_up_seconds = time.monotonic() - lost_at
+        if gen.wait() != 0:
+            raise SystemExit(f"photon gen failed: {gen.stderr.read()[-500:]}")
+        rows = [dc_row(finish(*dc1), "dc1"), dc_row(finish(*dc2), "dc2")]
+        client = RemoteIdRegistry(registry.preferring(1))
+        agreement = client.replicas_agreement()
+        client.close()
+        rebuilt_log = (data / "state" / "registry-replica-1.log").read_text(errors="replace")
+    finally:
+        stop_runs()
+        registry.stop()
+    truth = json.loads((data / "gen_summary.json").read_text())
+    ids = DeltaTable(str(data / "warehouse" / "joined_clicks")).to_pyarrow_table(columns=["click_id"]).column(0).to_pylist()
+    per_second = backlog / max(catch_up_seconds - rebuilt_seconds, 1e-9) if catch_up_seconds > rebuilt_seconds else None
+    return {
+        "rate_clicks_per_second": rate, "lost_after_seconds": before,
+        "replica_rebuilt_seconds": round(rebuilt_seconds, 2),
+        "replica_loaded_a_snapshot": "loaded a snapshot" in rebuilt_log,
+        "backlog_clicks": backlog,
+        # From the loss until dc1's dispatcher had cut every byte its logs held when replica-1 was back.
+        "caught_up_seconds_after_loss": round(catch_up_seconds, 2),
+        "catch_up_clicks_per_second": round(per_second, 1) if per_second else None,
+        "catch_up_rate_multiple": round(per_second / rate, 2) if per_second else None,
+        "datacenters": rows, "replicas": {k: v for k, v in agreement.items() if k != "digests"},
+        "replicas_agree": agreement["distinct_id_sets"] == 1 and agreement["replicas_answering"] == 3,
+        "no_click_twice": len(ids) == len(set(ids)),
+        "every_joinable_click_joined": set(ids) == set(truth["joinable_click_ids"]),
+    }
+
+
+PARTS = ("both", "failover", "outage", "live-outage", "registry-loss")
 
 
 def main() -> None:
@@ -394,6 +516,8 @@ def main() -> None:
             result["live_outage"] = live_outage(work, args.seed, args.rate, args.outage_after, args.outage_seconds,
                                                 args.after_seconds)
             result["catch_up_rate_multiple"] = result["live_outage"]["catch_up_rate_multiple"]
+        if "registry-loss" in parts:
+            result["registry_loss"] = registry_loss(work, args.seed, args.rate, args.outage_after, args.after_seconds)
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)

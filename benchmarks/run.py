@@ -68,7 +68,8 @@ from benchmarks.peers import DEFAULT_BOUND, flink_environment_missing  # noqa: E
 PYTHON = sys.executable
 MB = 1_000_000
 BACKLOG_MIN_QUERIES = 2_000_000  # the backlog workload: at least 2 million queries
-SYSTEM_LABELS = {"photon": "Photon (photon run)", "photon-up": "Photon (photon up, the daemon)", "duckdb": "DuckDB batch", "spark-batch": "Spark batch",
+SYSTEM_LABELS = {"photon": "Photon (photon run)", "photon-up": "Photon (photon up, the daemon)",
+                 "photon-replicated": "Photon (photon run, three registry replicas)", "duckdb": "DuckDB batch", "spark-batch": "Spark batch",
                  "streaming": "Spark Structured Streaming", "flink": "Apache Flink (interval join)"}
 # The systems whose join runs after a session start of their own, reported apart: what a user waits
 # for is the start and the join (`wall_to_done_seconds`), not what the peer does after it (the
@@ -129,7 +130,9 @@ def process_kind(pid: int, root: int) -> str:
     if any(arg.endswith(("pyspark.daemon", "worker_daemon")) for arg in command):
         return "python workers"
     if "registry" in command and "serve" in command:
-        return "registry service"
+        return "registry replicas" if "--replica" in command else "registry service"
+    if Path(command[0]).name == "etcd":
+        return "etcd members"
     return Path(command[0]).name
 
 
@@ -660,7 +663,9 @@ def live(args, work: Path) -> dict:
 
 
 LIVE_PEERS = {"streaming": "streaming-live", "flink": "flink-live"}
-PHOTON_SYSTEMS = ("photon", "photon-up")
+# `photon-replicated`: `photon run` on the replicated registry (--registry-replicas 3: three etcd
+# members and three replicas beside it, on the same two cores).
+PHOTON_SYSTEMS = ("photon", "photon-up", "photon-replicated")
 
 
 def live_peer_options(system: str, args) -> list[str]:
@@ -692,8 +697,9 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         measured = photon_up(data_dir, work / "logs", keep_files)
     else:
         if photon:
+            replicated = ["--registry-replicas", "3"] if system == "photon-replicated" else []
             command = photon_command("run", "--data-dir", str(data_dir), "--until-idle", "--json",
-                                     "--min-seconds", str(args.duration_s), "--timeout-seconds", timeout)
+                                     "--min-seconds", str(args.duration_s), "--timeout-seconds", timeout, *replicated)
         else:
             table = work / "out" / LIVE_PEERS[system] / "joined_clicks"
             options = live_peer_options(system, args) if peer_options is None else peer_options
@@ -1007,7 +1013,8 @@ def live_chart(result: dict, path: Path) -> None:
     with_backlog = any(run.get("backlog_bytes") for run in result["systems"].values())
     fig, axes = plt.subplots(1, 3 if with_backlog else 2, figsize=(16 if with_backlog else 11, 4))
     latency, by_minute = axes[:2]
-    colors = {"photon": "#d62728", "photon-up": "#ff7f0e", "streaming": "#1f77b4", "flink": "#2ca02c"}
+    colors = {"photon": "#d62728", "photon-up": "#ff7f0e", "photon-replicated": "#9467bd", "streaming": "#1f77b4",
+              "flink": "#2ca02c"}
     for system, run in result["systems"].items():
         label = "Photon (photon up: daemon)" if run.get("mode") == "daemon" else SYSTEM_LABELS[system]
         color = colors.get(system, "gray")
@@ -1076,7 +1083,8 @@ def main() -> None:
         sub.add_argument("--seed", type=int, default=2026)
         sub.set_defaults(mode="embedded", keep_data=False)
     live_options.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "streaming"],
-                              help="photon, photon-up (the daemon), streaming, flink")
+                              help="photon, photon-up (the daemon), photon-replicated (three registry replicas), "
+                                   "streaming, flink")
     live_options.add_argument("--mode", choices=("embedded", "daemon"), default="embedded",
                               help="Photon as `photon run` (runs in its process) or `photon up` (the daemon, a"
                                    " process per run, Spark Connect)")
