@@ -14,11 +14,12 @@ from resources.event_store.memory_tier import Holding
 from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
 from resources.event_store.tail_segments import TailSegments
 from resources.id_registry import IdRegistryResource
+from resources.registry.api import IdRegistry
 from resources.settings import PipelineSettings
 from resources.spark.session import SparkResource
 from resources.state.sidecars import EventTimeWatermark
 from resources.storage import WarehouseResource
-from spark_ops.ingest import IngestStats, UnitOutput, ingest_queries, line_stats, stage_queries
+from spark_ops.ingest import IngestStats, PassInputs, ingest_queries, line_stats, stage_queries
 from spark_ops.meter import PassMeter
 from spark_ops.registry_calls import QueryPut
 from spark_ops.tables import row_count
@@ -54,7 +55,7 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
             yield from tables_as_they_are(opening.session, opening.tables, ["query_logs", "log_file_map"], config.dc)
             return
         config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
-        stats, boundary, entries_added = ingest_pass(config, session, warehouse, registry, settings, tables, meter)
+        stats, boundary, entries_added = ingest_pass(opening.inputs, session, registry.get(), meter)
         memory = registry.get().counters().get("recent_queries", {}).get(config.dc, {})
         watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
         cached_rows = row_count(session, "query_logs", tables["query_logs"])
@@ -104,27 +105,23 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
     )
 
 
-def ingest_pass(
-    config: WorkUnitConfig, session, warehouse: WarehouseResource, registry: IdRegistryResource,
-    settings: PipelineSettings, tables: dict[str, str], meter: PassMeter,
-) -> tuple[IngestStats, int | None, int]:
+def ingest_pass(inputs: PassInputs, session, registry: IdRegistry,
+                meter: PassMeter) -> tuple[IngestStats, int | None, int]:
     """A query work unit's lines parsed into the EventStore's tiers (memory, query_logs and the log
     file map); the writers' progress recorded once they are there. Returns the line counts, the
     durable tier's boundary and the map entries added."""
-    staging = warehouse.staging_dir(config.work_unit, config.attempt)
-    progress_file = warehouse.layout.query_progress_file(config.dc)
-    watermark = EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "query")).watermark_us
-    latest_valid = config.clock() + int(settings.future_tolerance_seconds * 1e6)
+    layout, dc, settings, staging = inputs.layout, inputs.dc, inputs.settings, inputs.staging
+    progress_file = layout.query_progress_file(dc)
+    watermark = EventTimeWatermark.load(layout.watermark_file(dc, "query")).watermark_us
+    latest_valid = inputs.clock_us + int(settings.future_tolerance_seconds * 1e6)
     before = QueryProgress.load(progress_file).max_ts
-    client = registry.get()
-    put = QueryPut(client, config.dc, config.work_unit, config.attempt, before,
+    put = QueryPut(registry, dc, inputs.work_unit, inputs.attempt, before,
                    Holding(latest_valid, settings.query_memory_seconds, settings.query_memory_bytes),
-                   tailed=client.tail_state(config.dc) is not None)
+                   tailed=registry.tail_state(dc) is not None)
     try:
-        parsed, from_tailer = stage_queries(session, warehouse.stream_dir(config.dc, "query"), config.byte_ranges(),
+        parsed, from_tailer = stage_queries(session, layout.stream_dir(dc, "query"), inputs.ranges,
                                             settings.max_line_bytes, put, staging / "parsed",
-                                            TailSegments(warehouse.layout.query_tail_segments_dir(config.dc),
-                                                         settings.max_line_bytes))
+                                            TailSegments(layout.query_tail_segments_dir(dc), settings.max_line_bytes))
         # A query from the future is kept, but moves neither progress, the watermark nor the cache boundary.
         stats = line_stats(staging / "parsed", by_writer=True, latest_valid_us=latest_valid, watermark_us=watermark)
         stats.parsed_by_the_tailer = from_tailer
@@ -132,9 +129,8 @@ def ingest_pass(
         newest = max([before or 0, *(ts for _, ts in stats.writers.values())], default=0)
         boundary = durable_tier_boundary_us(newest or None, settings.query_cache_retention_seconds)
         if boundary is not None:
-            QueryCache.caching_from(warehouse.layout.query_cache_file(config.dc), boundary)
-        entries_added = ingest_queries(parsed, staging / "parsed", stats,
-                                       UnitOutput(config.dc, config.work_unit, config.attempt, tables),
+            QueryCache.caching_from(layout.query_cache_file(dc), boundary)
+        entries_added = ingest_queries(parsed, staging / "parsed", stats, inputs.output,
                                        settings.log_file_map_every_seconds, settings.log_file_map_every_bytes,
                                        cache_since_us=boundary)
         meter.phase("append")
@@ -145,5 +141,5 @@ def ingest_pass(
     if stats.writers:
         # A lower bound of what this unit cached: nothing older than the boundary went in.
         oldest = min(ts for ts, _ in stats.writers.values())
-        QueryCache.cached(warehouse.layout.query_cache_file(config.dc), oldest if boundary is None else max(oldest, boundary))
+        QueryCache.cached(layout.query_cache_file(dc), oldest if boundary is None else max(oldest, boundary))
     return stats, boundary, entries_added

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.event_store.tail_segments import TailSegments
+from resources.state.layout import DataLayout
 from resources.state.watermark import SKETCH_FRACTIONS
 from spark_ops.handoff import materialize, unstage
 from spark_ops.parse import (
@@ -37,6 +39,9 @@ from spark_ops.parse import (
 from spark_ops.registry_calls import QueryPut
 from spark_ops.schemas import CLICK_FIELDS, PARSED, SOURCE_FIELDS, with_run_values
 from spark_ops.tables import append_once, read_table
+
+if TYPE_CHECKING:  # for the annotation only: the settings are a Dagster resource, and spark_ops runs without Dagster
+    from resources.settings import PipelineSettings
 
 MAP_KEYS = ["file", "server_ip", "process_id"]
 
@@ -163,6 +168,33 @@ class UnitOutput:
 
     def append(self, df: DataFrame, table: str) -> None:
         append_once(df, table, self.tables[table], self.work_unit, self.attempt)
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """What a run's pass over its work unit is given (spark_ops/click_pass.py, spark_ops/query_pass.py),
+    built by its asset from the run config (photon_assets/work_unit.py: WorkUnitConfig.pass_inputs):
+    the unit (its datacenter, id, attempt, byte ranges and clock), whether it is a click unit of no log
+    bytes that retries its datacenter's pending clicks (`pending_only`), where it reads and writes,
+    and the pipeline's settings."""
+
+    dc: str
+    work_unit: str  # a click unit's registry token too: every attempt gets its own ids back
+    attempt: int
+    ranges: list[ByteRange]
+    clock_us: int  # the pipeline's clock for the unit: the same in every attempt (spark_ops/validity.py)
+    layout: DataLayout
+    tables: dict[str, str]
+    settings: PipelineSettings
+    pending_only: bool = False
+
+    @property
+    def staging(self) -> Path:
+        return self.layout.staging_dir(self.work_unit, self.attempt)
+
+    @property
+    def output(self) -> UnitOutput:
+        return UnitOutput(self.dc, self.work_unit, self.attempt, self.tables)
 
 
 def ingest_queries(parsed: DataFrame, path: Path, stats: IngestStats, unit: UnitOutput, map_every_seconds: float,
