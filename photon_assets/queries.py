@@ -1,7 +1,6 @@
 """EventStore inputs (Photon §3.4): parsed recent queries and the sparse log file map."""
 
 
-import shutil
 import time
 
 import dagster as dg
@@ -10,18 +9,11 @@ from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
 from photon_assets.watermarks import pass_watermark, watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
-from resources.event_store.memory_tier import Holding
-from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
-from resources.event_store.tail_segments import TailSegments
 from resources.id_registry import IdRegistryResource
-from resources.registry.api import IdRegistry
 from resources.settings import PipelineSettings
 from resources.spark.session import SparkResource
-from resources.state.sidecars import EventTimeWatermark
 from resources.storage import WarehouseResource
-from spark_ops.ingest import IngestStats, PassInputs, ingest_queries, line_stats, stage_queries
-from spark_ops.meter import PassMeter
-from spark_ops.registry_calls import QueryPut
+from spark_ops.query_pass import ingest_pass
 from spark_ops.tables import row_count
 
 
@@ -103,43 +95,3 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
             "entries_added": entries_added,
         },
     )
-
-
-def ingest_pass(inputs: PassInputs, session, registry: IdRegistry,
-                meter: PassMeter) -> tuple[IngestStats, int | None, int]:
-    """A query work unit's lines parsed into the EventStore's tiers (memory, query_logs and the log
-    file map); the writers' progress recorded once they are there. Returns the line counts, the
-    durable tier's boundary and the map entries added."""
-    layout, dc, settings, staging = inputs.layout, inputs.dc, inputs.settings, inputs.staging
-    progress_file = layout.query_progress_file(dc)
-    watermark = EventTimeWatermark.load(layout.watermark_file(dc, "query")).watermark_us
-    latest_valid = inputs.clock_us + int(settings.future_tolerance_seconds * 1e6)
-    before = QueryProgress.load(progress_file).max_ts
-    put = QueryPut(registry, dc, inputs.work_unit, inputs.attempt, before,
-                   Holding(latest_valid, settings.query_memory_seconds, settings.query_memory_bytes),
-                   tailed=registry.tail_state(dc) is not None)
-    try:
-        parsed, from_tailer = stage_queries(session, layout.stream_dir(dc, "query"), inputs.ranges,
-                                            settings.max_line_bytes, put, staging / "parsed",
-                                            TailSegments(layout.query_tail_segments_dir(dc), settings.max_line_bytes))
-        # A query from the future is kept, but moves neither progress, the watermark nor the cache boundary.
-        stats = line_stats(staging / "parsed", by_writer=True, latest_valid_us=latest_valid, watermark_us=watermark)
-        stats.parsed_by_the_tailer = from_tailer
-        meter.phase("parse")
-        newest = max([before or 0, *(ts for _, ts in stats.writers.values())], default=0)
-        boundary = durable_tier_boundary_us(newest or None, settings.query_cache_retention_seconds)
-        if boundary is not None:
-            QueryCache.caching_from(layout.query_cache_file(dc), boundary)
-        entries_added = ingest_queries(parsed, staging / "parsed", stats, inputs.output,
-                                       settings.log_file_map_every_seconds, settings.log_file_map_every_bytes,
-                                       cache_since_us=boundary)
-        meter.phase("append")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    # Only after the appends: a click run that reads this progress finds these queries in a table.
-    QueryProgress.merge(progress_file, stats.writers)
-    if stats.writers:
-        # A lower bound of what this unit cached: nothing older than the boundary went in.
-        oldest = min(ts for ts, _ in stats.writers.values())
-        QueryCache.cached(layout.query_cache_file(dc), oldest if boundary is None else max(oldest, boundary))
-    return stats, boundary, entries_added
