@@ -33,14 +33,14 @@ from photon_assets.work_unit import (
     work_units_failed_for_good,
     work_units_in_flight,
 )
-from resources.event_store.progress import QueryTail, known_query_progress
+from resources.event_store.progress import QueryTail
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 from sensors.deps import SensorDeps, sensor_instance
 from sensors.retries import plan_retries
-from spark_ops.pending import PendingDigest, RetryDecision, pending_retry_decision
+from spark_ops.pending import pending_retry
 
 CURSOR_VERSION = 1
 # Level of a run's console log (its events are stored in the instance whatever the level).
@@ -396,11 +396,3 @@ def pending_dispatcher(dc: str, data_dir: str, deps: SensorDeps) -> dg.SensorDef
         )
 
     return _pending
-
-
-def pending_retry(layout: DataLayout, dc: str, settings: PipelineSettings) -> RetryDecision:
-    return pending_retry_decision(
-        PendingDigest.load(layout.pending_digest_file(dc)),
-        known_query_progress(*layout.query_progress_files(dc)),
-        settings.unjoinable_after_seconds,
-    )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from resources.event_store.progress import QueryCache, QueryProgress, known_query_progress
+from resources.event_store.progress import QueryCache, QueryProgress
 from resources.registry.api import IdRegistry
 from resources.registry.ownership import divide_retry
 from resources.runtime import faults
@@ -24,7 +24,7 @@ from spark_ops.ingest import IngestStats, PassInputs, ledger_clicks, line_stats,
 from spark_ops.join import ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter
 from spark_ops.meter import PassMeter
 from spark_ops.parse import ByteRange, events
-from spark_ops.pending import PendingDigest, PendingPolicy, pending_retry_decision
+from spark_ops.pending import PendingDigest, PendingPolicy, pending_retry
 from spark_ops.query_tiers import DurableTiers, EventStore
 from spark_ops.tables import read_table
 from spark_ops.validity import TimestampValidity
@@ -83,10 +83,7 @@ def _join_input(inputs: PassInputs, session, registry: IdRegistry, policy: Pendi
     ingest.bytes_finished_elsewhere = sum(r.end - r.start for r in finished)
     # Pending clicks that query data arrived for are retried here rather than by a run of
     # their own: a live pass then pays one click run's fixed cost, not two.
-    retrying = pending_retry_decision(
-        PendingDigest.load(layout.pending_digest_file(dc)),
-        known_query_progress(*layout.query_progress_files(dc)), inputs.settings.unjoinable_after_seconds,
-    ).ready
+    retrying = pending_retry(layout, dc, inputs.settings).ready
     due = policy.due(session, pending_path, dc, staging / "due") if retrying else None
     # Started last, so that nothing here can fail with it under way (join_pass guards the rest).
     # No line parsed (a retry whose bytes another datacenter finished): nothing to record, and a retry's

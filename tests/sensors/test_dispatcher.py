@@ -17,7 +17,7 @@ from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog
 from sensors.deps import SensorDeps
-from sensors.dispatcher import log_dispatcher, pending_dispatcher, pending_retry
+from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.retries import plan_retries
 from spark_ops.pending import PendingDigest, pending_retry_decision
 from tests.conftest import click, query, write_lines
@@ -391,17 +391,6 @@ def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_i
     cursor = evaluate(sensor, instance, cursor=due).cursor
     write_lines(query_file, [query("10.1.0.1:7:4", 4)])
     assert [r.run_key for r in evaluate(sensor, instance, cursor=cursor).run_requests] == ["dc1.query.00000003"]
-
-
-def test_pending_retries_go_by_the_tailed_writers_times_while_the_tailer_runs(tmp_path):
-    layout = DataLayout(tmp_path)
-    PendingDigest(pending=1, needs={"10.1.0.1:7": [500, 0]}, oldest_ts=400).save(layout.pending_digest_file("dc1"))
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"10.1.0.1:7": (100, 200)})
-    QueryProgress.merge(layout.query_tail_progress_file("dc1"), {"10.1.0.1:7": (100, 600)})
-    settings = PipelineSettings()
-    assert not pending_retry(layout, "dc1", settings).ready  # no fresh mirror: the query runs' progress alone
-    QueryTail(part=1, updated_at=time.time()).save(layout.query_tail_file("dc1"))
-    assert pending_retry(layout, "dc1", settings).ready
 
 
 @pytest.fixture

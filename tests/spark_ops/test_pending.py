@@ -1,15 +1,18 @@
 """The pending rule (spark_ops/pending.py) is written once: Spark, DuckDB and Python (through
 DuckDB) evaluate the same SQL on the same records and must agree."""
 
+import time
 from datetime import datetime, timedelta
 
 import duckdb
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from resources.event_store.progress import QueryProgress, WriterProgress
+from resources.event_store.progress import QueryProgress, QueryTail, WriterProgress
+from resources.settings import PipelineSettings
+from resources.state.layout import DataLayout
 from spark_ops.pending import (COLUMNS, CURRENT_SQL, PendingDigest, age_reached_sql, current_pending, evaluate,
-                               pending_retry_decision)
+                               pending_retry, pending_retry_decision)
 from spark_ops.schemas import arrow_schema
 from spark_ops.tables import TABLE_SCHEMAS
 
@@ -78,3 +81,14 @@ def test_the_dispatchers_decision_uses_the_same_age():
         decision = pending_retry_decision(digest, progress, AFTER_SECONDS)
         assert decision.ready is due, (oldest, decision)
         assert (decision.reason == "pending clicks reached the unjoinable age") is due
+
+
+def test_pending_retries_go_by_the_tailed_writers_times_while_the_tailer_runs(tmp_path):
+    layout = DataLayout(tmp_path)
+    PendingDigest(pending=1, needs={"10.1.0.1:7": [500, 0]}, oldest_ts=400).save(layout.pending_digest_file("dc1"))
+    QueryProgress.merge(layout.query_progress_file("dc1"), {"10.1.0.1:7": (100, 200)})
+    QueryProgress.merge(layout.query_tail_progress_file("dc1"), {"10.1.0.1:7": (100, 600)})
+    settings = PipelineSettings()
+    assert not pending_retry(layout, "dc1", settings).ready  # no fresh mirror: the query runs' progress alone
+    QueryTail(part=1, updated_at=time.time()).save(layout.query_tail_file("dc1"))
+    assert pending_retry(layout, "dc1", settings).ready
