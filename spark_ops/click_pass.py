@@ -19,7 +19,6 @@ from resources.registry.api import IdRegistry
 from resources.registry.ownership import divide_retry
 from resources.runtime import faults
 from resources.state.sidecars import EventTimeWatermark
-from spark_ops.beside import beside, settle_quietly
 from spark_ops.ingest import IngestStats, PassInputs, ledger_clicks, line_stats, record_clicks, stage_lines
 from spark_ops.join import ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter
 from spark_ops.meter import PassMeter
@@ -63,8 +62,8 @@ def event_store(session, inputs: PassInputs) -> EventStore:
 def _join_input(inputs: PassInputs, session, registry: IdRegistry, policy: PendingPolicy,
                 validity: TimestampValidity) -> tuple[JoinInput, IngestStats]:
     """A click run's clicks: its new lines, parsed, with the due pending clicks when query data for
-    them arrived; or, for a pending-click run, those alone. The new lines' ledger append is started
-    here, beside the join (`JoinInput.recorded`), which waits for it before its registry commit."""
+    them arrived; or, for a pending-click run, those alone. The new lines' ledger append goes with
+    them (`JoinInput.record`), for the join to run beside itself."""
     dc, layout, tables, staging = inputs.dc, inputs.layout, inputs.tables, inputs.staging
     pending_path = tables["pending_clicks"]
     if inputs.pending_only:
@@ -85,13 +84,11 @@ def _join_input(inputs: PassInputs, session, registry: IdRegistry, policy: Pendi
     # their own: a live pass then pays one click run's fixed cost, not two.
     retrying = pending_retry(layout, dc, inputs.settings).ready
     due = policy.due(session, pending_path, dc, staging / "due") if retrying else None
-    # Started last, so that nothing here can fail with it under way (join_pass guards the rest).
     # No line parsed (a retry whose bytes another datacenter finished): nothing to record, and a retry's
     # look for its rows in the ledger, then an empty commit, would cost two Spark actions.
-    recorded = (beside(session, partial(record_clicks, parsed, ingest, inputs.output), f"{inputs.work_unit}-ledger")
-                if ingest.lines else None)
+    record = partial(record_clicks, parsed, ingest, inputs.output) if ingest.lines else None
     clicks = events(parsed) if recorded_before is None else events(parsed).unionByName(recorded_before)
-    return JoinInput(clicks, due, recorded), ingest
+    return JoinInput(clicks, due, record), ingest
 
 
 def join_pass(inputs: PassInputs, session, registry: IdRegistry,
@@ -105,17 +102,12 @@ def join_pass(inputs: PassInputs, session, registry: IdRegistry,
     validity = TimestampValidity.of(inputs.clock_us, settings.future_tolerance_seconds,
                                     settings.before_query_tolerance_seconds)
     pending_path = inputs.tables["pending_clicks"]
-    work = None
-    try:
-        work, ingest = _join_input(inputs, session, registry, policy, validity)
-        meter.phase("parse")
-        unit = ClickPass(session, registry, event_store(session, inputs), policy, inputs.work_unit, inputs.attempt,
-                         dc, inputs.staging, inputs.tables, adapter=load_adapter(settings.adapter),
-                         checkpoint=partial(faults.checkpoint, state_dir=layout.root / "state"),
-                         validity=validity, max_clicks_per_query=settings.max_clicks_per_query)
-    except BaseException:
-        settle_quietly(work and work.recorded)  # the join, which waits for it otherwise, will not run
-        raise
+    work, ingest = _join_input(inputs, session, registry, policy, validity)
+    meter.phase("parse")
+    unit = ClickPass(session, registry, event_store(session, inputs), policy, inputs.work_unit, inputs.attempt,
+                     dc, inputs.staging, inputs.tables, adapter=load_adapter(settings.adapter),
+                     checkpoint=partial(faults.checkpoint, state_dir=layout.root / "state"),
+                     validity=validity, max_clicks_per_query=settings.max_clicks_per_query)
     stats = join_work_unit(unit, work)
     meter.phase("join_total")
     digest = policy.digest(pending_path, dc)
