@@ -281,6 +281,17 @@ class PendingPolicy:
         )
 
 
+def pending_records(rows: DataFrame, recorded_at: Column) -> DataFrame:
+    """`pending_clicks` records (the table's columns) of `rows`, which hold every other column,
+    recorded at `recorded_at`: the one definition of a record. Its last attempt: a record a lookup
+    leaves pending (attempts > 0) is that lookup's; a resolved one keeps its click's last; a click
+    never looked up (re-injected by recovery: spark_ops/verification.py) has none, so no backoff
+    holds it."""
+    last_attempt = F.when(F.col("resolved"), F.col("last_attempt_at")).when(F.col("attempts") > 0, recorded_at)
+    rows = rows.withColumn("recorded_at", recorded_at).withColumn("last_attempt_at", last_attempt)
+    return rows.select(*[F.col(f.name).cast(f.dataType) for f in TABLE_SCHEMAS["pending_clicks"][0].fields])
+
+
 def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataFrame | None) -> None:
     """Records a lookup in `pending_clicks`, in one append: a record for each click still pending
     (`still_pending`: the judged clicks), and a resolved record for each retried click that is not
@@ -289,17 +300,13 @@ def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataF
     click in this lookup (spark_ops/registry_calls.py: commit_ids), which dates the records: later
     than any record of an earlier lookup. Appended again by a retried work unit, the records say the
     same and are later: a click's latest record counts."""
-    # The times are set below, once both kinds of record are in.
+    # The times are set by pending_records, once both kinds of record are in.
     rows = (still_pending.withColumn("dc", F.lit(dc)).withColumn("resolved", F.lit(False))
             .withColumn("last_attempt_at", F.lit(None).cast("timestamp")).withColumn("recorded_at", F.lit(None).cast("timestamp"))
             .select(*COLUMNS, "decided_at_us"))
     if resolved is not None:
         rows = rows.unionByName(resolved.withColumn("resolved", F.lit(True)).select(*COLUMNS, "decided_at_us"))
-    # A resolved record keeps the time of the click's last attempt.
-    now = F.timestamp_micros(F.col("decided_at_us"))
-    rows = rows.withColumn("recorded_at", now).withColumn(
-        "last_attempt_at", F.when(F.col("resolved"), F.col("last_attempt_at")).otherwise(now))
-    append(rows.select(*COLUMNS), "pending_clicks", path)
+    append(pending_records(rows, F.timestamp_micros(F.col("decided_at_us"))), "pending_clicks", path)
 
 
 def compact_pending(spark: SparkSession, path: str, dc: str) -> tuple[int, int]:

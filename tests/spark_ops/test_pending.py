@@ -12,7 +12,7 @@ from resources.event_store.progress import QueryProgress, QueryTail, WriterProgr
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
 from spark_ops.pending import (COLUMNS, CURRENT_SQL, PendingDigest, age_reached_sql, current_pending, evaluate,
-                               pending_retry, pending_retry_decision)
+                               pending_records, pending_retry, pending_retry_decision)
 from spark_ops.schemas import arrow_schema
 from spark_ops.tables import TABLE_SCHEMAS
 
@@ -60,6 +60,21 @@ def test_spark_and_duckdb_find_the_same_current_pending_clicks(spark):
     by_duckdb = set(con.sql(f"SELECT dc, click_id FROM ({CURRENT_SQL})").fetchall())
     assert by_spark == by_duckdb == {("dc1", "older-than-age"), ("dc1", "at-age"), ("dc1", "younger"),
                                      ("dc1", "pending-again"), ("dc2", "resolved-later")}
+
+
+def test_one_builder_dates_every_kind_of_pending_record(spark):
+    """pending_records, the one definition of a record (a lookup's, spark_ops/join.py through
+    record_pending; recovery's, spark_ops/verification.py): a record a lookup leaves pending was
+    attempted when recorded, a resolved one keeps its click's last attempt, and a click never looked
+    up (re-injected) has none, so no backoff holds it."""
+    later = T0 + timedelta(seconds=60)
+    rows = [record("dc1", "left-pending", 1, 0), record("dc1", "resolved", 2, 0, resolved=True),
+            {**record("dc1", "reinjected", 3, 0), "attempts": 0, "last_attempt_at": None}]
+    frame = spark.createDataFrame([tuple(r[name] for name in COLUMNS) for r in rows], SCHEMA)
+    records = pending_records(frame.drop("recorded_at"), F.lit(later).cast("timestamp"))
+    assert records.columns == COLUMNS
+    assert {r.click_id: (r.last_attempt_at, r.recorded_at) for r in records.collect()} == {
+        "left-pending": (later, later), "resolved": (T0, later), "reinjected": (None, later)}
 
 
 def test_spark_duckdb_and_python_agree_on_the_unjoinable_age(spark):
