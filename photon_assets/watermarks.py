@@ -7,6 +7,7 @@ import dagster as dg
 
 from resources.settings import PipelineSettings
 from resources.state.sidecars import EventTimeWatermark
+from resources.state.watermark import WatermarkRule
 from resources.storage import WarehouseResource
 from spark_ops.ingest import IngestStats
 
@@ -17,8 +18,7 @@ def pass_watermark(
     """After the pass's writes: its events (none from the future) move the stream's watermark."""
     return EventTimeWatermark.add_pass(
         warehouse.layout.watermark_file(dc, stream), work_unit, stats.events - stats.future_events, stats.sketch,
-        stats.at_or_after_watermark, settings.watermark_percentile, settings.watermark_windows,
-        settings.watermark_max_passes,
+        stats.at_or_after_watermark, WatermarkRule.of(settings),
     )
 
 
