@@ -9,7 +9,7 @@ import pydantic
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
 from photon_assets.checks import WORK_UNIT_CHECK_SPECS, work_unit_checks
 from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
-from photon_assets.watermarks import pass_watermark, watermark_metadata
+from photon_assets.watermarks import watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
 from resources.id_registry import IdRegistryResource
 from resources.registry.shards import LOOKUP_SCHEMA
@@ -18,7 +18,7 @@ from resources.spark.session import SparkResource
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.click_pass import join_pass
-from spark_ops.ingest import IngestStats
+from spark_ops.ingest import IngestStats, pass_watermark
 from spark_ops.join import EVENT_STORE_COUNTS, JoinStats, window_advice
 from spark_ops.meter import metered
 from spark_ops.pending import PendingDigest
@@ -71,7 +71,7 @@ def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark
         meter.phase("work_unit_checks")
         batching = registry_batching(batched_before, registry.get().counters()["total"])
         behind = bytes_behind_log_heads(warehouse.layout, config.dc, "click")
-        watermark = pass_watermark(warehouse, settings, config.dc, "click", config.work_unit, ingest)
+        watermark = pass_watermark(opening.inputs, "click", ingest)
         common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
         ledger_rows = row_count(session, "click_ledger", tables["click_ledger"])
         joined_rows = row_count(session, "joined_clicks", tables["joined_clicks"])

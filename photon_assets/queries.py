@@ -7,12 +7,13 @@ import dagster as dg
 
 from photon_assets.bookkeeping import lines_quarantined
 from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
-from photon_assets.watermarks import pass_watermark, watermark_metadata
+from photon_assets.watermarks import watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark.session import SparkResource
 from resources.storage import WarehouseResource
+from spark_ops.ingest import pass_watermark
 from spark_ops.query_pass import ingest_pass
 from spark_ops.tables import row_count
 
@@ -49,7 +50,7 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
         config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
         stats, boundary, entries_added = ingest_pass(opening.inputs, session, registry.get(), meter)
         memory = registry.get().counters().get("recent_queries", {}).get(config.dc, {})
-        watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
+        watermark = pass_watermark(opening.inputs, "query", stats)
         cached_rows = row_count(session, "query_logs", tables["query_logs"])
         map_rows = row_count(session, "log_file_map", tables["log_file_map"])
         quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if stats.quarantined else 0

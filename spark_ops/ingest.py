@@ -25,7 +25,8 @@ from pyspark.sql import functions as F
 
 from resources.event_store.tail_segments import TailSegments
 from resources.state.layout import DataLayout
-from resources.state.watermark import SKETCH_FRACTIONS
+from resources.state.sidecars import EventTimeWatermark
+from resources.state.watermark import SKETCH_FRACTIONS, WatermarkRule
 from spark_ops.handoff import materialize, unstage
 from spark_ops.parse import (
     CHUNK_BYTES,
@@ -130,6 +131,14 @@ def line_stats(path: Path, by_writer: bool = False, latest_valid_us: int | None 
         sketch=[int(v) for v in np.quantile(ts, SKETCH_FRACTIONS, method="lower")] if len(ts) else None,
         at_or_after_watermark=int(len(ts) if watermark_us is None else (ts >= watermark_us).sum()),
         writers=writers,
+    )
+
+
+def pass_watermark(inputs: PassInputs, stream: str, stats: IngestStats) -> EventTimeWatermark:
+    """After the pass's writes: its events (none from the future) move the stream's watermark."""
+    return EventTimeWatermark.add_pass(
+        inputs.layout.watermark_file(inputs.dc, stream), inputs.work_unit, stats.events - stats.future_events,
+        stats.sketch, stats.at_or_after_watermark, WatermarkRule.of(inputs.settings),
     )
 
 
