@@ -8,7 +8,7 @@ import pydantic
 
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
 from photon_assets.checks import WORK_UNIT_CHECK_SPECS, work_unit_checks
-from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
+from photon_assets.table_metadata import column_schema, table_rows, table_uri, tables_as_they_are
 from photon_assets.watermarks import watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
 from resources.id_registry import IdRegistryResource
@@ -18,7 +18,7 @@ from resources.spark.session import SparkResource
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
 from spark_ops.click_pass import join_pass
-from spark_ops.ingest import IngestStats, pass_watermark
+from spark_ops.ingest import IngestStats
 from spark_ops.join import EVENT_STORE_COUNTS, JoinStats, window_advice
 from spark_ops.meter import metered
 from spark_ops.pending import PendingDigest
@@ -63,54 +63,36 @@ def join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spark
             yield from work_unit_checks(*[no_rows(name).select(["click_id"]) for name in WRITTEN], LOOKUP_SCHEMA.empty_table(),
                                         JoinStats())
             return
-        config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
+        config, tables, meter = opening.unit, opening.tables, opening.meter
         batched_before = registry.get().counters()["total"]
         before = {name: committed_version(tables[name]) for name in WRITTEN}
-        ingest, stats, digest = join_pass(opening.inputs, session, registry.get(), meter)
+        ingest, stats, digest, watermark = join_pass(opening.inputs, opening.session, registry.get(), meter)
         checks = checked_output(config, tables, before, registry, stats)
         meter.phase("work_unit_checks")
         batching = registry_batching(batched_before, registry.get().counters()["total"])
         behind = bytes_behind_log_heads(warehouse.layout, config.dc, "click")
-        watermark = pass_watermark(opening.inputs, "click", ingest)
-        common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
-        ledger_rows = row_count(session, "click_ledger", tables["click_ledger"])
-        joined_rows = row_count(session, "joined_clicks", tables["joined_clicks"])
-        unjoinable_rows = row_count(session, "unjoinable_clicks", tables["unjoinable_clicks"])
-        pending_rows = row_count(session, "pending_clicks", tables["pending_clicks"])
-        quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if ingest.quarantined else 0
+        rows = table_rows(opening.session, tables, ["click_ledger", "joined_clicks", "unjoinable_clicks", "pending_clicks",
+                                                    "quarantined_lines"], ingest.quarantined)
         meter.phase("row_counts")
         cost = opening.cost()
+    common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
     yield dg.MaterializeResult(
         asset_key="click_ledger",
-        metadata={
-            **table_uri(tables, "click_ledger"),
-            **common,
-            "dagster/row_count": ledger_rows,
-            "click_lines": ingest.events,
-            "quarantined_lines": ingest.quarantined,
-            "bytes_read": ingest.bytes_read,
-            # A retry's ranges that another datacenter finished while this one was down: not read again.
-            "bytes_finished_elsewhere": ingest.bytes_finished_elsewhere,
-            "bytes_behind_log_heads": behind,
-            **watermark_metadata(watermark),
-        },
+        metadata={**table_uri(tables, "click_ledger"), **common, "dagster/row_count": rows["click_ledger"],
+                  **click_ledger_metadata(ingest, behind), **watermark_metadata(watermark)},
     )
     yield dg.MaterializeResult(
         asset_key="joined_clicks",
-        metadata={**table_uri(tables, "joined_clicks"), **common, "dagster/row_count": joined_rows,
+        metadata={**table_uri(tables, "joined_clicks"), **common, "dagster/row_count": rows["joined_clicks"],
                   **joined_clicks_metadata(ingest, stats, digest, batching, settings), **cost},
     )
-    context.log_event(pending_clicks_changed(tables, pending_rows, common, digest.pending))
+    context.log_event(pending_clicks_changed(tables, rows["pending_clicks"], common, digest.pending))
     if ingest.quarantined:
-        context.log_event(lines_quarantined(tables, quarantine_rows, common, "click", ingest.quarantined))
+        context.log_event(lines_quarantined(tables, rows["quarantined_lines"], common, "click", ingest.quarantined))
     yield dg.MaterializeResult(
         asset_key="unjoinable_clicks",
-        metadata={
-            **table_uri(tables, "unjoinable_clicks"),
-            **common,
-            "dagster/row_count": unjoinable_rows,
-            "clicks_added": stats.unjoinable,
-        },
+        metadata={**table_uri(tables, "unjoinable_clicks"), **common, "dagster/row_count": rows["unjoinable_clicks"],
+                  "clicks_added": stats.unjoinable},
     )
     yield from checks
 
@@ -127,6 +109,18 @@ def checked_output(config: WorkUnitConfig, tables: dict[str, str], before: dict[
                             ["click_id", "timestamp_us"]) for name in WRITTEN}
     registered = registry.get().lookup(rows["joined_clicks"]) if len(rows["joined_clicks"]) else LOOKUP_SCHEMA.empty_table()
     return work_unit_checks(rows["joined_clicks"], rows["unjoinable_clicks"], registered, stats, config.attempt == 1)
+
+
+def click_ledger_metadata(ingest: IngestStats, behind: int) -> dict:
+    """What a click pass reports on `click_ledger`: the lines it read, and what waits to be cut."""
+    return {
+        "click_lines": ingest.events,
+        "quarantined_lines": ingest.quarantined,
+        "bytes_read": ingest.bytes_read,
+        # A retry's ranges that another datacenter finished while this one was down: not read again.
+        "bytes_finished_elsewhere": ingest.bytes_finished_elsewhere,
+        "bytes_behind_log_heads": behind,
+    }
 
 
 def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: PendingDigest, batching: float | None,

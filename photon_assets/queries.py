@@ -6,16 +6,15 @@ import time
 import dagster as dg
 
 from photon_assets.bookkeeping import lines_quarantined
-from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
+from photon_assets.table_metadata import column_schema, table_rows, table_uri, tables_as_they_are
 from photon_assets.watermarks import watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark.session import SparkResource
 from resources.storage import WarehouseResource
-from spark_ops.ingest import pass_watermark
+from spark_ops.ingest import IngestStats
 from spark_ops.query_pass import ingest_pass
-from spark_ops.tables import row_count
 
 
 @dg.multi_asset(
@@ -47,16 +46,12 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
         if opening.unit is None:
             yield from tables_as_they_are(opening.session, opening.tables, ["query_logs", "log_file_map"], config.dc)
             return
-        config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
-        stats, boundary, entries_added = ingest_pass(opening.inputs, session, registry.get(), meter)
+        config, tables, meter = opening.unit, opening.tables, opening.meter
+        stats, boundary, entries_added, watermark = ingest_pass(opening.inputs, opening.session, registry.get(), meter)
         memory = registry.get().counters().get("recent_queries", {}).get(config.dc, {})
-        watermark = pass_watermark(opening.inputs, "query", stats)
-        cached_rows = row_count(session, "query_logs", tables["query_logs"])
-        map_rows = row_count(session, "log_file_map", tables["log_file_map"])
-        quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if stats.quarantined else 0
+        rows = table_rows(opening.session, tables, ["query_logs", "log_file_map", "quarantined_lines"], stats.quarantined)
         meter.phase("row_counts")
         cost = opening.cost()
-    lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
     common = {
         "dc": config.dc,
         "work_unit": config.work_unit,
@@ -67,32 +62,36 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
     }
     yield dg.MaterializeResult(
         asset_key="query_logs",
-        metadata={
-            **table_uri(tables, "query_logs"),
-            **common,
-            "dagster/row_count": cached_rows,
-            "queries_added": stats.events,
-            # Lines the query tailer had parsed, staged from its segments (the rest parsed by this run).
-            "lines_parsed_by_the_tailer": stats.lines if stats.parsed_by_the_tailer else 0,
-            # The EventStore's memory tier after this pass (resources/event_store/memory_tier.py).
-            "memory_tier_queries": memory.get("rows", 0),
-            "memory_tier_located_queries": memory.get("located_rows", 0),  # held without their line
-            "memory_tier_bytes": memory.get("bytes", 0),
-            "queries_from_the_future": stats.future_events,
-            **({"cache_since_us": boundary} if boundary is not None else {}),
-            "event_time_lag_seconds": dg.FloatMetadataValue(lag),
-            **watermark_metadata(watermark),
-            **cost,
-        },
+        metadata={**table_uri(tables, "query_logs"), **common, "dagster/row_count": rows["query_logs"],
+                  **query_logs_metadata(stats, memory, boundary), **watermark_metadata(watermark), **cost},
     )
     if stats.quarantined:
-        context.log_event(lines_quarantined(tables, quarantine_rows, common, "query", stats.quarantined))
+        context.log_event(lines_quarantined(tables, rows["quarantined_lines"], common, "query", stats.quarantined))
     yield dg.MaterializeResult(
         asset_key="log_file_map",
         metadata={
             **table_uri(tables, "log_file_map"),
             **common,
-            "dagster/row_count": map_rows,
+            "dagster/row_count": rows["log_file_map"],
             "entries_added": entries_added,
         },
     )
+
+
+def query_logs_metadata(stats: IngestStats, memory: dict, boundary: int | None) -> dict:
+    """What a query pass reports on `query_logs`: the queries it added, where their lines were parsed,
+    the memory tier after it (`memory`: the registry's counters of the datacenter's), the durable
+    tier's boundary and the lag of its newest event."""
+    lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
+    return {
+        "queries_added": stats.events,
+        # Lines the query tailer had parsed, staged from its segments (the rest parsed by this run).
+        "lines_parsed_by_the_tailer": stats.lines if stats.parsed_by_the_tailer else 0,
+        # The EventStore's memory tier after this pass (resources/event_store/memory_tier.py).
+        "memory_tier_queries": memory.get("rows", 0),
+        "memory_tier_located_queries": memory.get("located_rows", 0),  # held without their line
+        "memory_tier_bytes": memory.get("bytes", 0),
+        "queries_from_the_future": stats.future_events,
+        **({"cache_since_us": boundary} if boundary is not None else {}),
+        "event_time_lag_seconds": dg.FloatMetadataValue(lag),
+    }

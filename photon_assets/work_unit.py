@@ -67,7 +67,8 @@ class WorkUnitConfig(dg.Config):
     def pass_inputs(self, layout: DataLayout, tables: dict[str, str], settings: PipelineSettings) -> PassInputs:
         """The unit as its pass is given it; with no clock in the config, the run's start (now)."""
         return PassInputs(self.dc, self.work_unit, self.attempt, self.byte_ranges(), self.clock(), layout, tables,
-                          settings, pending_only=self.kind == PENDING_RETRY)
+                          layout.staging_dir(self.work_unit, self.attempt), settings,
+                          pending_only=self.kind == PENDING_RETRY)
 
 
 def catch_up_config(dc: str, unit: WorkUnit) -> dict:

@@ -184,8 +184,8 @@ class PassInputs:
     """What a run's pass over its work unit is given (spark_ops/click_pass.py, spark_ops/query_pass.py),
     built by its asset from the run config (photon_assets/work_unit.py: WorkUnitConfig.pass_inputs):
     the unit (its datacenter, id, attempt, byte ranges and clock), whether it is a click unit of no log
-    bytes that retries its datacenter's pending clicks (`pending_only`), where it reads and writes,
-    and the pipeline's settings."""
+    bytes that retries its datacenter's pending clicks (`pending_only`), where it reads and writes
+    (the attempt's staging directory among them), and the pipeline's settings."""
 
     dc: str
     work_unit: str  # a click unit's registry token too: every attempt gets its own ids back
@@ -194,16 +194,9 @@ class PassInputs:
     clock_us: int  # the pipeline's clock for the unit: the same in every attempt (spark_ops/validity.py)
     layout: DataLayout
     tables: dict[str, str]
+    staging: Path
     settings: PipelineSettings
     pending_only: bool = False
-
-    @property
-    def staging(self) -> Path:
-        return self.layout.staging_dir(self.work_unit, self.attempt)
-
-    @property
-    def output(self) -> UnitOutput:
-        return UnitOutput(self.dc, self.work_unit, self.attempt, self.tables)
 
 
 def ingest_queries(parsed: DataFrame, path: Path, stats: IngestStats, unit: UnitOutput, map_every_seconds: float,

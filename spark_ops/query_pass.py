@@ -1,8 +1,8 @@
-"""A query run's pass over its work unit, assembled in one place: its lines staged (from the query
-tailer's segments when they cover them, else parsed: spark_ops/ingest.py) and put into the
+"""A query run's pass over its work unit, assembled in one place; photon_assets/queries.py gives it
+its inputs (PassInputs, from the run config) and shows what it returns. Its lines staged (from the
+query tailer's segments when they cover them, else parsed: spark_ops/ingest.py) and put into the
 EventStore's memory tier, the durable tier's boundary recorded, the appends to query_logs, the log
-file map and quarantine, then the query stream's progress and the cache bounds. What Dagster adds to
-it (the run's opening and metadata) is the asset's: photon_assets/queries.py.
+file map and quarantine, then the query stream's progress, the cache bounds and its watermark.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ from resources.event_store.progress import QueryCache, QueryProgress, durable_ti
 from resources.event_store.tail_segments import TailSegments
 from resources.registry.api import IdRegistry
 from resources.state.sidecars import EventTimeWatermark
-from spark_ops.ingest import IngestStats, PassInputs, ingest_queries, line_stats, stage_queries
+from spark_ops.ingest import (IngestStats, PassInputs, UnitOutput, ingest_queries, line_stats, pass_watermark,
+                              stage_queries)
 from spark_ops.meter import PassMeter
 from spark_ops.registry_calls import QueryPut
 
 
 def ingest_pass(inputs: PassInputs, session, registry: IdRegistry,
-                meter: PassMeter) -> tuple[IngestStats, int | None, int]:
+                meter: PassMeter) -> tuple[IngestStats, int | None, int, EventTimeWatermark]:
     """A query work unit's lines parsed into the EventStore's tiers (memory, query_logs and the log
-    file map); the writers' progress recorded once they are there. Returns the line counts, the
-    durable tier's boundary and the map entries added."""
+    file map); the writers' progress recorded once they are there, and the query stream's watermark
+    moved. Returns the line counts, the durable tier's boundary, the map entries added and the
+    watermark."""
     layout, dc, settings, staging = inputs.layout, inputs.dc, inputs.settings, inputs.staging
     progress_file = layout.query_progress_file(dc)
     watermark = EventTimeWatermark.load(layout.watermark_file(dc, "query")).watermark_us
@@ -44,9 +46,9 @@ def ingest_pass(inputs: PassInputs, session, registry: IdRegistry,
         boundary = durable_tier_boundary_us(newest or None, settings.query_cache_retention_seconds)
         if boundary is not None:
             QueryCache.caching_from(layout.query_cache_file(dc), boundary)
-        entries_added = ingest_queries(parsed, staging / "parsed", stats, inputs.output,
-                                       settings.log_file_map_every_seconds, settings.log_file_map_every_bytes,
-                                       cache_since_us=boundary)
+        output = UnitOutput(dc, inputs.work_unit, inputs.attempt, inputs.tables)
+        entries_added = ingest_queries(parsed, staging / "parsed", stats, output, settings.log_file_map_every_seconds,
+                                       settings.log_file_map_every_bytes, cache_since_us=boundary)
         meter.phase("append")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -56,4 +58,4 @@ def ingest_pass(inputs: PassInputs, session, registry: IdRegistry,
         # A lower bound of what this unit cached: nothing older than the boundary went in.
         oldest = min(ts for ts, _ in stats.writers.values())
         QueryCache.cached(layout.query_cache_file(dc), oldest if boundary is None else max(oldest, boundary))
-    return stats, boundary, entries_added
+    return stats, boundary, entries_added, pass_watermark(inputs, "query", stats)
