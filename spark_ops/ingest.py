@@ -66,13 +66,13 @@ class IngestStats:
 
 
 def stage_lines(spark: SparkSession, stream: str, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int,
-                path: Path, text_sink=None, driver_parse_bytes: int = CHUNK_BYTES) -> DataFrame:
+                path: Path, text_sink=None) -> DataFrame:
     """The ranges' lines parsed once (spark_ops/parse.py), into Parquet at `path`, read back. Up to
-    `driver_parse_bytes` (one parse chunk, which Spark too would read in a task or two) and with no
-    text sink (whose puts are keyed by the task), parsed in the driver: the Spark job that would
-    parse a live click unit costs ~0.45 s more than the parse (benchmarks/README.md, issue 42's
-    nineteenth round), a tenth of a click run."""
-    if text_sink is None and sum(r.end - r.start for r in ranges) <= driver_parse_bytes:
+    one parse chunk (CHUNK_BYTES, which Spark too would read in a task or two) and with no text sink
+    (whose puts are keyed by the task), parsed in the driver: the Spark job that would parse a live
+    click unit costs ~0.45 s more than the parse (benchmarks/README.md, issue 42's nineteenth
+    round), a tenth of a click run."""
+    if text_sink is None and sum(r.end - r.start for r in ranges) <= CHUNK_BYTES:
         parsed = parse_in_driver(stream, stream_dir, ranges, max_line_bytes)
         return unstage(spark, pa.RecordBatchReader.from_batches(parsed.schema, parsed.to_batches()), path,
                        PARSED[stream])
