@@ -305,8 +305,8 @@ def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
     # This run's values (the clock, the stream's progress) as columns, not literals: the code Spark
     # generates for the job's stages stays the same from run to run (spark_ops/schemas.py).
     run_values = {**unit.pending.run_values(), **({} if validity is None else validity.run_values())}
-    looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store.query_dir,
-                           store.max_line_bytes, unit.staging / "lookup", RunColumns(unit.pending.progress_table(), run_values))
+    looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store,
+                           unit.staging / "lookup", RunColumns(unit.pending.progress_table(), run_values))
     looked = looked.withColumn("query_ts", event_id_parts("query_id")[2])
     status, line, horizon = F.col("registry_status"), F.col("line"), F.col("memory_horizon_ts")
     taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != unit.token))
