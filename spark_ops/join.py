@@ -203,7 +203,8 @@ def cap_clicks(spark: SparkSession, registry: IdRegistry, adapted: DataFrame, to
 @dataclass(frozen=True)
 class ClickPass:
     """One click run's pass over its work unit: what every step of the join needs and that is fixed
-    for the pass, built once from the run (photon_assets/clicks.py: `click_pass`) and handed down.
+    for the pass, built once by the click pass (spark_ops/click_pass.py: fixed_for_the_pass) and
+    handed down.
     `token`: the work unit's id, the registry token of its commits. `validity`: the timestamp rules
     (spark_ops/validity.py); None judges no timestamp. `max_clicks_per_query`: 0 caps nothing.
     `checkpoint(point)` is called at each of CRASH_POINTS (fault injection)."""
