@@ -1,4 +1,6 @@
-"""The joiner's outputs: every click line seen, joined clicks, unjoinable clicks, and aggregates."""
+"""The joiner's outputs: every click line seen, joined clicks, unjoinable clicks, and aggregates.
+The assets keep Dagster's part (specs, the run's opening, checks, metadata); a click run's pass is
+spark_ops/click_pass.py."""
 
 
 import time

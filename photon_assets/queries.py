@@ -1,4 +1,5 @@
-"""EventStore inputs (Photon §3.4): parsed recent queries and the sparse log file map."""
+"""EventStore inputs (Photon §3.4): parsed recent queries and the sparse log file map. The asset keeps
+Dagster's part (specs, the run's opening, metadata); a query run's pass is spark_ops/query_pass.py."""
 
 
 import time
