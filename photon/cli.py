@@ -215,7 +215,7 @@ def use_spark_remote(option: str | None) -> None:
 
 def command_run(args) -> int:
     from photon.deployment import RunnerError
-    from photon.runner import run_until_idle
+    from photon.runner import RunOptions, run_until_idle
 
     use_spark_remote(args.spark_remote)
     if not args.data_dir.is_dir():
@@ -224,10 +224,9 @@ def command_run(args) -> int:
     datacenters = choose_datacenters(layout, args.datacenters)
     log = console_log(args.verbose, ("photon.sensors", "dagster", "py4j", "alembic"))
     try:
-        summary = run_until_idle(
-            layout, datacenters, log, args.timeout_seconds, run_log_level="DEBUG" if args.verbose else "WARNING",
-            min_seconds=args.min_seconds, registry_replicas=args.registry_replicas, progress=not args.json,
-        )
+        summary = run_until_idle(layout, datacenters, log, RunOptions(
+            args.timeout_seconds, run_log_level="DEBUG" if args.verbose else "WARNING", min_seconds=args.min_seconds,
+            registry_replicas=args.registry_replicas, progress=not args.json))
     except RunnerError as error:
         print(f"photon: error: {error}", file=sys.stderr)
         return 1

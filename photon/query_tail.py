@@ -40,7 +40,7 @@ from resources.event_store.tail_segments import TailSegments
 from resources.registry.api import IdRegistry
 from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
-from resources.state.watermark import SKETCH_FRACTIONS
+from resources.state.watermark import SKETCH_FRACTIONS, WatermarkRule
 from resources.state.work_unit_log import WorkUnitLog, new_ranges
 from spark_ops.parse import TEXT_FIELDS, ByteRange, parse_in_driver
 from spark_ops.schemas import PARSED, arrow_schema
@@ -195,8 +195,7 @@ class QueryTailer:
             EventTimeWatermark.add_pass(
                 self.layout.watermark_file(self.dc, "query_tail"), f"tail.{self.part}", len(times),
                 [int(v) for v in np.quantile(times, SKETCH_FRACTIONS, method="lower")],
-                int(len(times) if mark is None else (times >= mark).sum()),
-                self.settings.watermark_percentile, self.settings.watermark_windows, self.settings.watermark_max_passes)
+                int(len(times) if mark is None else (times >= mark).sum()), WatermarkRule.of(self.settings))
         return valid.num_rows
 
     def _keep(self, ranges: list[tuple[str, int, int]], parsed: pa.Table) -> None:

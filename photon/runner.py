@@ -82,61 +82,83 @@ def start_spark_session(log: logging.Logger) -> None:
         log.debug("early Spark session start failed: %s", error)
 
 
-def run_until_idle(
-    layout: DataLayout, datacenters: list[str], log: logging.Logger, timeout_seconds: float, run_log_level: str = "WARNING",
-    min_seconds: float = 0.0, registry_replicas: int | None = None, progress: bool = False,
-) -> dict:
+@dataclass(frozen=True)
+class RunOptions:
+    """How `photon run` goes (its command line): how long at most and at least, how much the runs log,
+    the replicated registry's size (None: the data directory's, else one machine's), and whether a
+    progress line is drawn on a terminal (photon/progress.py)."""
+
+    timeout_seconds: float = 3600.0
+    run_log_level: str = "WARNING"
+    min_seconds: float = 0.0
+    registry_replicas: int | None = None
+    progress: bool = False
+
+
+def run_until_idle(layout: DataLayout, datacenters: list[str], log: logging.Logger, options: RunOptions) -> dict:
     """Ticks every dispatcher until a pass launches nothing and no failed work unit waits for a
     retry, and at least `min_seconds` have passed (logs still being written: the pipeline keeps
     tailing them meanwhile); then verifies the output. When verification fails, the
     recovery job runs and the pipeline goes on (the re-injected clicks are pending clicks), up to
-    MAX_RECOVERY_ROUNDS times. `progress`: a line on stderr if a terminal (photon/progress.py). Returns the summary."""
+    MAX_RECOVERY_ROUNDS times. Returns the summary."""
     started = time.monotonic()
-    prepare_environment(layout, datacenters, run_log_level)
+    prepare_environment(layout, datacenters, options.run_log_level)
     tailing = TailSettings.of(pipeline_settings()).to_json()
-    with exclusive(layout, datacenters), Supervisor(log) as supervisor, registry_for(supervisor, layout, registry_replicas), \
+    with exclusive(layout, datacenters), Supervisor(log) as supervisor, \
+            registry_for(supervisor, layout, options.registry_replicas), \
             datacenter_leases(layout, datacenters, log), query_tailers(supervisor, layout, datacenters, tailing):
         threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
         instance = headless_instance(layout)
-        orphans = fail_orphaned_runs(instance, datacenters)
-        if orphans:
-            log.warning("marked %d run(s) of a dead process as failed; their work units will be retried", orphans)
-        # Hand-off files of this datacenter's runs that died with their process (none is alive: we
-        # hold its lock). Work unit ids start with their datacenter.
-        for dc in datacenters:
-            for leftover in layout.staging.glob(f"{dc}.*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-        first_run = own_runs(instance, datacenters)
-        recoveries = []
-        if storage_lost(layout):
-            log.warning("data files of output tables are missing (storage loss): running recovery first")
-            recoveries.append(recover(instance, log))
+        first_run, recoveries = opened(instance, layout, datacenters, log)
         with workspace(instance) as context:
             sensors = loaded_sensors(context)
             for sensor in sensors:
                 start_sensor(instance, sensor)
+            drained = Drain(instance, context, sensors, layout, datacenters, log, started, options.timeout_seconds,
+                            first_run, supervisor, options.min_seconds,
+                            progress_for(options.progress, layout, datacenters, instance))
             try:
-                while True:
-                    drain(Drain(instance, context, sensors, layout, datacenters, log, started, timeout_seconds,
-                                first_run, supervisor, min_seconds,
-                                progress_for(progress, layout, datacenters, instance)))
-                    checks = verify(instance, layout)
-                    verification = {check.name: check.passed for check in checks}
-                    if all(verification.values()) or len(recoveries) >= MAX_RECOVERY_ROUNDS:
-                        break
-                    failed = sorted(name for name, passed in verification.items() if not passed)
-                    log.warning("verification failed (%s): running the recovery job", ", ".join(failed))
-                    recoveries.append(recover(instance, log))
-                    if not recovery_did_work(recoveries[-1]):
-                        break
+                checks = drain_and_verify(drained, recoveries)
             finally:
                 for sensor in sensors:
                     instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
         runs = own_runs(instance, datacenters) - first_run
         summary = summarize(layout, datacenters, instance, pending_clicks(checks))
-    summary.update(runs=runs, verification=verification, recoveries=recoveries,
+    summary.update(runs=runs, verification={check.name: check.passed for check in checks}, recoveries=recoveries,
                    wall_seconds=round(time.monotonic() - started, 2))
     return summary
+
+
+def opened(instance: dg.DagsterInstance, layout: DataLayout, datacenters: list[str], log: logging.Logger
+           ) -> tuple[int, list[dict]]:
+    """What a start finds: runs a dead process left (failed, so their units are retried), their hand-off
+    files (removed: none is alive, we hold the datacenters' locks; work unit ids start with their
+    datacenter), and storage lost (recovered first). Returns the runs so far and the recoveries made."""
+    orphans = fail_orphaned_runs(instance, datacenters)
+    if orphans:
+        log.warning("marked %d run(s) of a dead process as failed; their work units will be retried", orphans)
+    for dc in datacenters:
+        for leftover in layout.staging.glob(f"{dc}.*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+    recoveries = []
+    if storage_lost(layout):
+        log.warning("data files of output tables are missing (storage loss): running recovery first")
+        recoveries.append(recover(instance, log))
+    return own_runs(instance, datacenters), recoveries
+
+
+def drain_and_verify(d: "Drain", recoveries: list[dict]) -> list:
+    """Drains, verifies; on a failed check, recovery and again (MAX_RECOVERY_ROUNDS); the checks' outcomes."""
+    while True:
+        drain(d)
+        checks = verify(d.instance, d.layout)
+        failed = sorted(check.name for check in checks if not check.passed)
+        if not failed or len(recoveries) >= MAX_RECOVERY_ROUNDS:
+            return checks
+        d.log.warning("verification failed (%s): running the recovery job", ", ".join(failed))
+        recoveries.append(recover(d.instance, d.log))
+        if not recovery_did_work(recoveries[-1]):
+            return checks
 
 
 def start_sensor(instance: dg.DagsterInstance, sensor) -> None:

@@ -1,69 +1,31 @@
-"""The joiner's outputs: every click line seen, joined clicks, unjoinable clicks, and aggregates."""
+"""The joiner's outputs: every click line seen, joined clicks, unjoinable clicks, and aggregates.
+The assets keep Dagster's part (specs, the run's opening, checks, metadata); a click run's pass is
+spark_ops/click_pass.py."""
 
 
 import time
-from functools import partial
 
 import dagster as dg
 import pydantic
-from pyspark.sql import functions as F
 
 from photon_assets.bookkeeping import lines_quarantined, pending_clicks_changed
 from photon_assets.checks import WORK_UNIT_CHECK_SPECS, work_unit_checks
-from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
-from photon_assets.watermarks import pass_watermark, watermark_metadata
-from photon_assets.work_unit import (
-    LOG_RANGES,
-    PENDING_RETRY,
-    WorkUnitConfig,
-    bytes_behind_log_heads,
-    run_opening,
-)
-from resources.event_store.progress import QueryCache, QueryProgress, known_query_progress
+from photon_assets.table_metadata import column_schema, table_rows, table_uri, tables_as_they_are
+from photon_assets.watermarks import watermark_metadata
+from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
 from resources.id_registry import IdRegistryResource
-from resources.registry.api import IdRegistry
-from resources.registry.ownership import divide_retry
 from resources.registry.shards import LOOKUP_SCHEMA
-from resources.runtime import faults
 from resources.settings import PipelineSettings
 from resources.spark.session import SparkResource
-from resources.state.sidecars import EventTimeWatermark
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
-from spark_ops.query_tiers import DurableTiers, EventStore
-from spark_ops.beside import beside, settle_quietly
-from spark_ops.ingest import IngestStats, UnitOutput, ledger_clicks, line_stats, record_clicks, stage_lines
-from spark_ops.join import EVENT_STORE_COUNTS, ClickPass, JoinInput, JoinStats, join_work_unit, load_adapter, window_advice
-from spark_ops.meter import PassMeter, metered
-from spark_ops.parse import ByteRange, events
-from spark_ops.pending import PendingDigest, PendingPolicy, pending_retry_decision
-from spark_ops.tables import no_rows, read_table, row_count
-from spark_ops.validity import TimestampValidity
+from spark_ops.click_pass import join_pass
+from spark_ops.ingest import IngestStats
+from spark_ops.join import EVENT_STORE_COUNTS, JoinStats, window_advice
+from spark_ops.meter import metered
+from spark_ops.pending import PendingDigest
+from spark_ops.tables import no_rows, row_count
 from spark_ops.verification import committed_version, unit_rows
-
-
-def pending_policy(progress: QueryProgress, settings: PipelineSettings) -> PendingPolicy:
-    return PendingPolicy(
-        progress=progress,
-        unjoinable_after_seconds=settings.unjoinable_after_seconds,
-        min_attempts=settings.unjoinable_min_attempts,
-        backoff_seconds=settings.pending_backoff_seconds,
-        backoff_max_seconds=settings.pending_backoff_max_seconds,
-    )
-
-
-def event_store(session, tables: dict[str, str], warehouse: WarehouseResource, dc: str, settings: PipelineSettings):
-    """The durable and logs tiers of `dc`'s EventStore (the memory tier is asked by the lookup), read
-    when first needed: after the writers' progress (the caller's), as the EventStore needs."""
-    def tiers() -> DurableTiers:
-        in_dc = F.col("dc") == dc
-        cache = QueryCache.load(warehouse.layout.query_cache_file(dc))  # before the tables
-        return DurableTiers(read_table(session, "query_logs", tables["query_logs"]).where(in_dc),
-                            read_table(session, "log_file_map", tables["log_file_map"]).where(in_dc),
-                            cache.complete_from_ts)
-
-    return EventStore(tiers, warehouse.stream_dir(dc, "query"), settings.log_file_map_every_seconds,
-                      settings.log_file_map_every_bytes, settings.max_line_bytes)
 
 
 @dg.multi_asset(
@@ -121,37 +83,37 @@ def _join_clicks(context: dg.AssetExecutionContext, config: WorkUnitConfig, spar
         if opening.unit is None:
             yield from nothing_new(opening, config.dc)
             return
-        config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
+        config, tables, meter = opening.unit, opening.tables, opening.meter
         batched_before = registry.get().counters()["total"]
         before = {name: committed_version(tables[name]) for name in WRITTEN}
-        ingest, stats, digest = join_pass(config, session, warehouse, registry, settings, tables, meter)
+        ingest, stats, digest, watermark = join_pass(opening.inputs, opening.session, registry.get(), meter)
         checks = checked_output(config, tables, before, registry, stats)
         meter.phase("work_unit_checks")
         batching = registry_batching(batched_before, registry.get().counters()["total"])
         behind = bytes_behind_log_heads(warehouse.layout, config.dc, "click")
-        watermark = pass_watermark(warehouse, settings, config.dc, "click", config.work_unit, ingest)
-        common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
-        ledger_rows = row_count(session, "click_ledger", tables["click_ledger"])
-        joined_rows = row_count(session, "joined_clicks", tables["joined_clicks"])
-        unjoinable_rows = row_count(session, "unjoinable_clicks", tables["unjoinable_clicks"])
-        pending_rows = row_count(session, "pending_clicks", tables["pending_clicks"])
-        quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if ingest.quarantined else 0
+        rows = table_rows(opening.session, tables, ["click_ledger", "joined_clicks", "unjoinable_clicks", "pending_clicks",
+                                                    "quarantined_lines"], ingest.quarantined)
         meter.phase("row_counts")
         cost = opening.cost()
-    yield dg.MaterializeResult(asset_key="click_ledger", metadata={
-        **table_uri(tables, "click_ledger"), **common, "dagster/row_count": ledger_rows,
-        **ledger_metadata(ingest, behind), **watermark_metadata(watermark)})
+    common = {"dc": config.dc, "work_unit": config.work_unit, "attempt": config.attempt, "kind": config.kind}
+    yield dg.MaterializeResult(
+        asset_key="click_ledger",
+        metadata={**table_uri(tables, "click_ledger"), **common, "dagster/row_count": rows["click_ledger"],
+                  **click_ledger_metadata(ingest, behind), **watermark_metadata(watermark)},
+    )
     yield dg.MaterializeResult(
         asset_key="joined_clicks",
-        metadata={**table_uri(tables, "joined_clicks"), **common, "dagster/row_count": joined_rows,
+        metadata={**table_uri(tables, "joined_clicks"), **common, "dagster/row_count": rows["joined_clicks"],
                   **joined_clicks_metadata(ingest, stats, digest, batching, settings), **cost},
     )
-    context.log_event(pending_clicks_changed(tables, pending_rows, common, digest.pending))
+    context.log_event(pending_clicks_changed(tables, rows["pending_clicks"], common, digest.pending))
     if ingest.quarantined:
-        context.log_event(lines_quarantined(tables, quarantine_rows, common, "click", ingest.quarantined))
-    yield dg.MaterializeResult(asset_key="unjoinable_clicks", metadata={
-        **table_uri(tables, "unjoinable_clicks"), **common, "dagster/row_count": unjoinable_rows,
-        "clicks_added": stats.unjoinable})
+        context.log_event(lines_quarantined(tables, rows["quarantined_lines"], common, "click", ingest.quarantined))
+    yield dg.MaterializeResult(
+        asset_key="unjoinable_clicks",
+        metadata={**table_uri(tables, "unjoinable_clicks"), **common, "dagster/row_count": rows["unjoinable_clicks"],
+                  "clicks_added": stats.unjoinable},
+    )
     yield from checks
 
 
@@ -165,17 +127,6 @@ def nothing_new(opening, dc: str):
                                 JoinStats())
 
 
-def ledger_metadata(ingest: IngestStats, behind: int) -> dict:
-    return {
-        "click_lines": ingest.events,
-        "quarantined_lines": ingest.quarantined,
-        "bytes_read": ingest.bytes_read,
-        # A retry's ranges that another datacenter finished while this one was down: not read again.
-        "bytes_finished_elsewhere": ingest.bytes_finished_elsewhere,
-        "bytes_behind_log_heads": behind,
-    }
-
-
 def checked_output(config: WorkUnitConfig, tables: dict[str, str], before: dict[str, int],
                    registry: IdRegistryResource, stats: JoinStats) -> list[dg.AssetCheckResult]:
     """The work unit checks (photon_assets/checks.py) of what this run wrote: a first attempt's rows are
@@ -185,6 +136,18 @@ def checked_output(config: WorkUnitConfig, tables: dict[str, str], before: dict[
                             ["click_id", "timestamp_us"]) for name in WRITTEN}
     registered = registry.get().lookup(rows["joined_clicks"]) if len(rows["joined_clicks"]) else LOOKUP_SCHEMA.empty_table()
     return work_unit_checks(rows["joined_clicks"], rows["unjoinable_clicks"], registered, stats, config.attempt == 1)
+
+
+def click_ledger_metadata(ingest: IngestStats, behind: int) -> dict:
+    """What a click pass reports on `click_ledger`: the lines it read, and what waits to be cut."""
+    return {
+        "click_lines": ingest.events,
+        "quarantined_lines": ingest.quarantined,
+        "bytes_read": ingest.bytes_read,
+        # A retry's ranges that another datacenter finished while this one was down: not read again.
+        "bytes_finished_elsewhere": ingest.bytes_finished_elsewhere,
+        "bytes_behind_log_heads": behind,
+    }
 
 
 def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: PendingDigest, batching: float | None,
@@ -210,86 +173,6 @@ def joined_clicks_metadata(ingest: IngestStats, stats: JoinStats, digest: Pendin
         # The join's own steps, within phase_join_total_seconds.
         **{f"join_{k}_seconds": v for k, v in stats.phase_seconds.items()},
     }
-
-
-def _join_input(config: WorkUnitConfig, session, warehouse: WarehouseResource, registry: IdRegistry,
-                settings: PipelineSettings, tables: dict[str, str], policy: PendingPolicy,
-                validity: TimestampValidity) -> tuple[JoinInput, IngestStats]:
-    """A click run's clicks: its new lines, parsed, with the due pending clicks when query data for
-    them arrived; or, for a pending-click run, those alone. The new lines' ledger append is started
-    here, beside the join (`JoinInput.recorded`), which waits for it before its registry commit."""
-    pending_path, staging = tables["pending_clicks"], warehouse.staging_dir(config.work_unit, config.attempt)
-    if config.kind == PENDING_RETRY:
-        return JoinInput(None, policy.due(session, pending_path, config.dc, staging / "due")), IngestStats()
-    ranges, recorded_before, finished = config.byte_ranges(), None, []
-    if config.attempt > 1:
-        # A retry after an outage: the ranges another datacenter finished meanwhile are not parsed
-        # again; of their clicks, those this unit recorded in the ledger are looked up again.
-        retry = divide_retry(registry, config.dc, [(r.file, r.start, r.end) for r in ranges])
-        ranges, finished = [ByteRange(*r) for r in retry.read], [ByteRange(*r) for r in retry.finished]
-        recorded_before = ledger_clicks(session, tables["click_ledger"], config.work_unit, finished)
-    parsed = stage_lines(session, "click", warehouse.stream_dir(config.dc, "click"), ranges,
-                         settings.max_line_bytes, staging / "lines")
-    ingest = line_stats(staging / "lines", latest_valid_us=validity.latest_valid_us, watermark_us=EventTimeWatermark.load(
-        warehouse.layout.watermark_file(config.dc, "click")).watermark_us)
-    ingest.bytes_finished_elsewhere = sum(r.end - r.start for r in finished)
-    # Pending clicks that query data arrived for are retried here rather than by a run of
-    # their own: a live pass then pays one click run's fixed cost, not two.
-    retrying = pending_retry_decision(
-        PendingDigest.load(warehouse.layout.pending_digest_file(config.dc)),
-        known_query_progress(*warehouse.layout.query_progress_files(config.dc)), settings.unjoinable_after_seconds,
-    ).ready
-    due = policy.due(session, pending_path, config.dc, staging / "due") if retrying else None
-    # Started last, so that nothing here can fail with it under way (join_pass guards the rest).
-    output = UnitOutput(config.dc, config.work_unit, config.attempt, tables)
-    # No line parsed (a retry whose bytes another datacenter finished): nothing to record, and a retry's
-    # look for its rows in the ledger, then an empty commit, would cost two Spark actions.
-    recorded = (beside(session, partial(record_clicks, parsed, ingest, output), f"{config.work_unit}-ledger")
-                if ingest.lines else None)
-    clicks = events(parsed) if recorded_before is None else events(parsed).unionByName(recorded_before)
-    return JoinInput(clicks, due, recorded), ingest
-
-
-def join_pass(
-    config: WorkUnitConfig,
-    session,
-    warehouse: WarehouseResource,
-    registry: IdRegistryResource,
-    settings: PipelineSettings,
-    tables: dict[str, str],
-    meter: PassMeter,
-) -> tuple[IngestStats, JoinStats, PendingDigest]:
-    """One click work unit: its new lines parsed and recorded in the ledger, joined with the due
-    pending clicks, and what is still pending summed up for the sensors."""
-    staging = warehouse.staging_dir(config.work_unit, config.attempt)
-    # Read before the EventStore's tables: the progress never claims more than they hold.
-    progress = QueryProgress.load(warehouse.layout.query_progress_file(config.dc))
-    policy = pending_policy(progress, settings)
-    validity = TimestampValidity.of(config.clock(), settings.future_tolerance_seconds,
-                                    settings.before_query_tolerance_seconds)
-    pending_path = tables["pending_clicks"]
-    work = None
-    try:
-        work, ingest = _join_input(config, session, warehouse, registry.get(), settings, tables, policy, validity)
-        meter.phase("parse")
-        unit = ClickPass(session, registry.get(), event_store(session, tables, warehouse, config.dc, settings), policy,
-                         config.token, config.attempt, config.dc, staging, tables, adapter=load_adapter(settings.adapter),
-                         checkpoint=partial(faults.checkpoint, state_dir=warehouse.layout.root / "state"),
-                         validity=validity, max_clicks_per_query=settings.max_clicks_per_query)
-    except BaseException:
-        settle_quietly(work and work.recorded)  # the join, which waits for it otherwise, will not run
-        raise
-    stats = join_work_unit(unit, work)
-    meter.phase("join_total")
-    digest = policy.digest(pending_path, config.dc)
-    digest.save(warehouse.layout.pending_digest_file(config.dc))
-    meter.phase("pending_digest")
-    if config.kind == LOG_RANGES:
-        # Last, once everything is written: other datacenters skip these bytes from now on
-        # (resources/registry/ownership.py); a crash before it leaves them waiting for this unit's retry.
-        registry.get().finish_work(config.work_unit, pending=stats.pending > 0)
-        meter.phase("finish_work")
-    return ingest, stats, digest
 
 
 def registry_batching(before: dict, after: dict) -> float | None:

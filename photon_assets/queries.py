@@ -1,27 +1,21 @@
-"""EventStore inputs (Photon §3.4): parsed recent queries and the sparse log file map."""
+"""EventStore inputs (Photon §3.4): parsed recent queries and the sparse log file map. The asset keeps
+Dagster's part (specs, the run's opening, metadata); a query run's pass is spark_ops/query_pass.py."""
 
 
-import shutil
 import time
 
 import dagster as dg
 
 from photon_assets.bookkeeping import lines_quarantined
-from photon_assets.table_metadata import column_schema, table_uri, tables_as_they_are
-from photon_assets.watermarks import pass_watermark, watermark_metadata
+from photon_assets.table_metadata import column_schema, table_rows, table_uri, tables_as_they_are
+from photon_assets.watermarks import watermark_metadata
 from photon_assets.work_unit import WorkUnitConfig, bytes_behind_log_heads, run_opening
-from resources.event_store.memory_tier import Holding
-from resources.event_store.progress import QueryCache, QueryProgress, durable_tier_boundary_us
-from resources.event_store.tail_segments import TailSegments
 from resources.id_registry import IdRegistryResource
 from resources.settings import PipelineSettings
 from resources.spark.session import SparkResource
-from resources.state.sidecars import EventTimeWatermark
 from resources.storage import WarehouseResource
-from spark_ops.ingest import IngestStats, UnitOutput, ingest_queries, line_stats, stage_queries
-from spark_ops.meter import PassMeter
-from spark_ops.registry_calls import QueryPut
-from spark_ops.tables import row_count
+from spark_ops.ingest import IngestStats
+from spark_ops.query_pass import ingest_pass
 
 
 @dg.multi_asset(
@@ -53,16 +47,12 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
         if opening.unit is None:
             yield from tables_as_they_are(opening.session, opening.tables, ["query_logs", "log_file_map"], config.dc)
             return
-        config, session, tables, meter = opening.unit, opening.session, opening.tables, opening.meter
-        stats, boundary, entries_added = ingest_pass(config, session, warehouse, registry, settings, tables, meter)
+        config, tables, meter = opening.unit, opening.tables, opening.meter
+        stats, boundary, entries_added, watermark = ingest_pass(opening.inputs, opening.session, registry.get(), meter)
         memory = registry.get().counters().get("recent_queries", {}).get(config.dc, {})
-        watermark = pass_watermark(warehouse, settings, config.dc, "query", config.work_unit, stats)
-        cached_rows = row_count(session, "query_logs", tables["query_logs"])
-        map_rows = row_count(session, "log_file_map", tables["log_file_map"])
-        quarantine_rows = row_count(session, "quarantined_lines", tables["quarantined_lines"]) if stats.quarantined else 0
+        rows = table_rows(opening.session, tables, ["query_logs", "log_file_map", "quarantined_lines"], stats.quarantined)
         meter.phase("row_counts")
         cost = opening.cost()
-    lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
     common = {
         "dc": config.dc,
         "work_unit": config.work_unit,
@@ -73,77 +63,36 @@ def ingest_query_logs(context: dg.AssetExecutionContext, config: WorkUnitConfig,
     }
     yield dg.MaterializeResult(
         asset_key="query_logs",
-        metadata={
-            **table_uri(tables, "query_logs"),
-            **common,
-            "dagster/row_count": cached_rows,
-            "queries_added": stats.events,
-            # Lines the query tailer had parsed, staged from its segments (the rest parsed by this run).
-            "lines_parsed_by_the_tailer": stats.lines if stats.parsed_by_the_tailer else 0,
-            # The EventStore's memory tier after this pass (resources/event_store/memory_tier.py).
-            "memory_tier_queries": memory.get("rows", 0),
-            "memory_tier_located_queries": memory.get("located_rows", 0),  # held without their line
-            "memory_tier_bytes": memory.get("bytes", 0),
-            "queries_from_the_future": stats.future_events,
-            **({"cache_since_us": boundary} if boundary is not None else {}),
-            "event_time_lag_seconds": dg.FloatMetadataValue(lag),
-            **watermark_metadata(watermark),
-            **cost,
-        },
+        metadata={**table_uri(tables, "query_logs"), **common, "dagster/row_count": rows["query_logs"],
+                  **query_logs_metadata(stats, memory, boundary), **watermark_metadata(watermark), **cost},
     )
     if stats.quarantined:
-        context.log_event(lines_quarantined(tables, quarantine_rows, common, "query", stats.quarantined))
+        context.log_event(lines_quarantined(tables, rows["quarantined_lines"], common, "query", stats.quarantined))
     yield dg.MaterializeResult(
         asset_key="log_file_map",
         metadata={
             **table_uri(tables, "log_file_map"),
             **common,
-            "dagster/row_count": map_rows,
+            "dagster/row_count": rows["log_file_map"],
             "entries_added": entries_added,
         },
     )
 
 
-def ingest_pass(
-    config: WorkUnitConfig, session, warehouse: WarehouseResource, registry: IdRegistryResource,
-    settings: PipelineSettings, tables: dict[str, str], meter: PassMeter,
-) -> tuple[IngestStats, int | None, int]:
-    """A query work unit's lines parsed into the EventStore's tiers (memory, query_logs and the log
-    file map); the writers' progress recorded once they are there. Returns the line counts, the
-    durable tier's boundary and the map entries added."""
-    staging = warehouse.staging_dir(config.work_unit, config.attempt)
-    progress_file = warehouse.layout.query_progress_file(config.dc)
-    watermark = EventTimeWatermark.load(warehouse.layout.watermark_file(config.dc, "query")).watermark_us
-    latest_valid = config.clock() + int(settings.future_tolerance_seconds * 1e6)
-    before = QueryProgress.load(progress_file).max_ts
-    client = registry.get()
-    put = QueryPut(client, config.dc, config.work_unit, config.attempt, before,
-                   Holding(latest_valid, settings.query_memory_seconds, settings.query_memory_bytes),
-                   tailed=client.tail_state(config.dc) is not None)
-    try:
-        parsed, from_tailer = stage_queries(session, warehouse.stream_dir(config.dc, "query"), config.byte_ranges(),
-                                            settings.max_line_bytes, put, staging / "parsed",
-                                            TailSegments(warehouse.layout.query_tail_segments_dir(config.dc),
-                                                         settings.max_line_bytes))
-        # A query from the future is kept, but moves neither progress, the watermark nor the cache boundary.
-        stats = line_stats(staging / "parsed", by_writer=True, latest_valid_us=latest_valid, watermark_us=watermark)
-        stats.parsed_by_the_tailer = from_tailer
-        meter.phase("parse")
-        newest = max([before or 0, *(ts for _, ts in stats.writers.values())], default=0)
-        boundary = durable_tier_boundary_us(newest or None, settings.query_cache_retention_seconds)
-        if boundary is not None:
-            QueryCache.caching_from(warehouse.layout.query_cache_file(config.dc), boundary)
-        entries_added = ingest_queries(parsed, staging / "parsed", stats,
-                                       UnitOutput(config.dc, config.work_unit, config.attempt, tables),
-                                       settings.log_file_map_every_seconds, settings.log_file_map_every_bytes,
-                                       cache_since_us=boundary)
-        meter.phase("append")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    # Only after the appends: a click run that reads this progress finds these queries in a table.
-    QueryProgress.merge(progress_file, stats.writers)
-    if stats.writers:
-        # A lower bound of what this unit cached: nothing older than the boundary went in.
-        oldest = min(ts for ts, _ in stats.writers.values())
-        QueryCache.cached(warehouse.layout.query_cache_file(config.dc), oldest if boundary is None else max(oldest, boundary))
-    return stats, boundary, entries_added
+def query_logs_metadata(stats: IngestStats, memory: dict, boundary: int | None) -> dict:
+    """What a query pass reports on `query_logs`: the queries it added, where their lines were parsed,
+    the memory tier after it (`memory`: the registry's counters of the datacenter's), the durable
+    tier's boundary and the lag of its newest event."""
+    lag = None if stats.max_timestamp_us is None else time.time() - stats.max_timestamp_us / 1e6
+    return {
+        "queries_added": stats.events,
+        # Lines the query tailer had parsed, staged from its segments (the rest parsed by this run).
+        "lines_parsed_by_the_tailer": stats.lines if stats.parsed_by_the_tailer else 0,
+        # The EventStore's memory tier after this pass (resources/event_store/memory_tier.py).
+        "memory_tier_queries": memory.get("rows", 0),
+        "memory_tier_located_queries": memory.get("located_rows", 0),  # held without their line
+        "memory_tier_bytes": memory.get("bytes", 0),
+        "queries_from_the_future": stats.future_events,
+        **({"cache_since_us": boundary} if boundary is not None else {}),
+        "event_time_lag_seconds": dg.FloatMetadataValue(lag),
+    }

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import dagster as dg
 from pyspark.sql import functions as F
 
-from photon_assets.clicks import pending_policy
 from photon_assets.jobs import REGISTRY_TAGS
 from photon_assets.work_unit import (
     PENDING_RETRY,
@@ -37,6 +36,7 @@ from resources.settings import PipelineSettings
 from resources.spark.session import SparkResource
 from resources.storage import WarehouseResource
 from spark_ops.aggregates import refresh_aggregates
+from spark_ops.click_pass import pending_policy
 from spark_ops.handoff import stage, unstage
 from spark_ops.pending import pending_of
 from spark_ops.tables import read_table

@@ -19,6 +19,14 @@ def table_uri(tables: dict[str, str], name: str) -> dict:
     return {"dagster/uri": Path(tables[name]).resolve().as_uri()}
 
 
+def table_rows(session, tables: dict[str, str], names: list[str], quarantined: int) -> dict[str, int]:
+    """The rows each of `names` holds after a pass, in that order; quarantined_lines' only when the
+    pass quarantined a line (0 otherwise: most passes quarantine none, and a count reads the table's
+    Delta log)."""
+    return {name: row_count(session, name, tables[name]) if name != "quarantined_lines" or quarantined else 0
+            for name in names}
+
+
 def tables_as_they_are(session, tables: dict[str, str], names: list[str], dc: str) -> list[dg.MaterializeResult]:
     """The materializations of a catch-up run that found nothing new to read: each table as it is,
     so that its checks still run on it."""

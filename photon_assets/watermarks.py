@@ -1,25 +1,11 @@
-"""Each stream's event-time watermark (resources/state/watermark.py), moved by every pass of a run and shown
-on the asset the pass materializes."""
+"""Each stream's event-time watermark (resources/state/watermark.py), moved by every pass of a run
+(spark_ops/ingest.py: pass_watermark) and shown on the asset the pass materializes."""
 
 import time
 
 import dagster as dg
 
-from resources.settings import PipelineSettings
 from resources.state.sidecars import EventTimeWatermark
-from resources.storage import WarehouseResource
-from spark_ops.ingest import IngestStats
-
-
-def pass_watermark(
-    warehouse: WarehouseResource, settings: PipelineSettings, dc: str, stream: str, work_unit: str, stats: IngestStats,
-) -> EventTimeWatermark:
-    """After the pass's writes: its events (none from the future) move the stream's watermark."""
-    return EventTimeWatermark.add_pass(
-        warehouse.layout.watermark_file(dc, stream), work_unit, stats.events - stats.future_events, stats.sketch,
-        stats.at_or_after_watermark, settings.watermark_percentile, settings.watermark_windows,
-        settings.watermark_max_passes,
-    )
 
 
 def watermark_metadata(mark: EventTimeWatermark) -> dict:

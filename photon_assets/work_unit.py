@@ -16,6 +16,7 @@ from resources.registry.ownership import Share, claim_units, divide_clicks, shar
 from resources.settings import PipelineSettings, pipeline_settings
 from resources.state.layout import DataLayout
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog, new_ranges, skipped_unit
+from spark_ops.ingest import PassInputs
 from spark_ops.meter import PassMeter, metered
 from spark_ops.parse import ByteRange
 
@@ -62,6 +63,12 @@ class WorkUnitConfig(dg.Config):
 
     def byte_ranges(self) -> list[ByteRange]:
         return [ByteRange(r.file, r.start, r.end) for r in self.ranges]
+
+    def pass_inputs(self, layout: DataLayout, tables: dict[str, str], settings: PipelineSettings) -> PassInputs:
+        """The unit as its pass is given it; with no clock in the config, the run's start (now)."""
+        return PassInputs(self.dc, self.work_unit, self.attempt, self.byte_ranges(), self.clock(), layout, tables,
+                          layout.staging_dir(self.work_unit, self.attempt), settings,
+                          pending_only=self.kind == PENDING_RETRY)
 
 
 def catch_up_config(dc: str, unit: WorkUnit) -> dict:
@@ -268,12 +275,13 @@ def run_start_costs(context: dg.AssetExecutionContext) -> dict[str, float]:
 @dataclass
 class RunOpening:
     """What a work unit's asset starts from: the Spark session reached, the tables, the unit to run
-    (None: a catch-up run found nothing to cut) and the pass's meter; `cost()` gives the run's phases,
-    Spark jobs and start costs as metadata."""
+    (None: a catch-up run found nothing to cut) and what its pass is given (`inputs`), and the pass's
+    meter; `cost()` gives the run's phases, Spark jobs and start costs as metadata."""
 
     session: Any
     tables: dict[str, str]
     unit: WorkUnitConfig | None
+    inputs: PassInputs | None
     meter: PassMeter
     cost: Callable[[], dict]
 
@@ -290,4 +298,5 @@ def run_opening(context: dg.AssetExecutionContext, config: WorkUnitConfig, strea
         meter.phase("spark_session")
         tables = warehouse.tables()
         unit = unit_to_run(context, config, stream, warehouse.layout, registry.get, settings)
-        yield RunOpening(session, tables, unit, meter, lambda: {**meter.metadata(), **jobs(), **start_costs})
+        inputs = None if unit is None else unit.pass_inputs(warehouse.layout, tables, settings)
+        yield RunOpening(session, tables, unit, inputs, meter, lambda: {**meter.metadata(), **jobs(), **start_costs})

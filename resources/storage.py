@@ -20,9 +20,3 @@ class WarehouseResource(dg.ConfigurableResource):
 
     def tables(self) -> dict[str, str]:
         return {name: self.layout.table(name) for name in TABLES}
-
-    def stream_dir(self, dc: str, stream: str) -> Path:
-        return self.layout.stream_dir(dc, stream)
-
-    def staging_dir(self, work_unit: str, attempt: int) -> Path:
-        return self.layout.staging / f"{work_unit}.a{attempt}"

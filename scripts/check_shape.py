@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the shape of the product code (the layered packages and definitions.py): no function
-longer than 60 lines, none with more than 8 parameters (`self` and `cls` not counted), and no block
-of six or more lines repeated elsewhere, by text or by shape.
+longer than 50 lines, none with more than 7 parameters (`self` and `cls` not counted), and no block
+of six or more lines repeated elsewhere, by text or by shape; and the README at the root at most
+250 lines long.
 
     python scripts/check_shape.py [--root DIR]
 
@@ -29,7 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["resources", "spark_ops", "photon_assets", "sensors", "photon"]
-MAX_LINES, MAX_PARAMETERS, BLOCK = 60, 8, 6
+MAX_LINES, MAX_PARAMETERS, BLOCK = 50, 7, 6
+README_MAX_LINES = 250
 
 
 def product_files(root: Path) -> list[Path]:
@@ -162,6 +164,15 @@ def repeats(files: list[Path], root: Path) -> list[str]:
             for region in regions]
 
 
+def readme_problems(root: Path) -> list[str]:
+    """The README at the root if it is over README_MAX_LINES lines (none there: nothing to report)."""
+    readme = root / "README.md"
+    if not readme.is_file():
+        return []
+    lines = len(readme.read_text(encoding="utf-8").splitlines())
+    return [f"README.md: {lines} lines (at most {README_MAX_LINES})"] if lines > README_MAX_LINES else []
+
+
 def main() -> int:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--root", type=Path, default=ROOT)
@@ -173,6 +184,7 @@ def main() -> int:
     problems += [f"{where}: {count} parameters (at most {MAX_PARAMETERS})"
                  for where, _, count in all_functions if count > MAX_PARAMETERS]
     problems += repeats(files, root)
+    problems += readme_problems(root)
     for problem in problems:
         print(problem)
     longest = max(all_functions, key=lambda f: f[1])

@@ -33,14 +33,14 @@ from photon_assets.work_unit import (
     work_units_failed_for_good,
     work_units_in_flight,
 )
-from resources.event_store.progress import QueryTail, known_query_progress
+from resources.event_store.progress import QueryTail
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog, cut_work_units, event_time_cut, line_timestamp, new_ranges
 from sensors.deps import SensorDeps, sensor_instance
 from sensors.retries import plan_retries
-from spark_ops.pending import PendingDigest, RetryDecision, pending_retry_decision
+from spark_ops.pending import pending_retry
 
 CURSOR_VERSION = 1
 # Level of a run's console log (its events are stored in the instance whatever the level).
@@ -140,16 +140,15 @@ def query_run_deferred(stream: str, ranges: list, cursor: dict, tail: QueryTail,
             and now - cursor.get("cut_at", 0.0) < settings.query_run_every_seconds)
 
 
-def pace_clicks(
-    layout: DataLayout, dc: str, ranges: list[tuple[str, int, int]], held_before: dict[str, list],
-    query_waiting: bool, settings: PipelineSettings, now: float, watermark_file: Path | None = None,
-) -> Pacing:
+def pace_clicks(maker: WorkUnitMaker, ranges: list[tuple[str, int, int]], held_before: dict[str, list],
+                query_waiting: bool, now: float, watermark_file: Path | None = None) -> Pacing:
     """Stream synchronisation (Facebook §5.2): while query data that will advance the query
     stream waits, click lines more than `pacing_margin_seconds` ahead of its event-time watermark
     (resources/state/watermark.py) are not cut yet. Cut now, their queries would not be found and they would take the longer way
     through pending-click retries. A file's held lines are released once they have been held at
     the same place for `pacing_max_hold_seconds` (a bogus future timestamp must not hold a file for
     good); nothing is held while no query data waits (a stalled or lagging query stream)."""
+    layout, dc, settings = maker.layout, maker.dc, maker.settings
     if not ranges or settings.pacing_max_hold_seconds <= 0 or not query_waiting:
         return Pacing(ranges, {})
     stream_dir = layout.stream_dir(dc, "click")
@@ -304,6 +303,14 @@ def cut_now(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, m
                         f"tier every {settings.query_run_every_seconds:.0f} s")
     if stream != "click":
         return Held(ranges)
+    return paced_share(context, instance, maker, ranges, cursor, tail)
+
+
+def paced_share(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, maker: WorkUnitMaker,
+                ranges: list[tuple[str, int, int]], cursor: dict, tail: QueryTail) -> Held:
+    """The new click lines to cut: this datacenter's share of them (several replicas), then held back
+    by pacing where they run ahead of the query stream."""
+    dc, layout = maker.dc, maker.layout
     # This datacenter's share first, pacing after: a range another datacenter finished is skipped
     # without a run, and needs no query, so pacing holds only the lines joined here. Paced first, a
     # datacenter back from an outage held what the other one had joined while it was down until its
@@ -319,8 +326,7 @@ def cut_now(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, m
         if share.waiting and not ranges:
             share_reason = f"{len(share.waiting)} click file(s) are another datacenter's share while its lease lives"
     waiting = bool(ranges) and query_data_waiting(layout, dc, instance, tail)
-    pacing = pace_clicks(layout, dc, ranges, cursor["held"], waiting, settings, time.time(),
-                         query_watermark_file(layout, dc, tail))
+    pacing = pace_clicks(maker, ranges, cursor["held"], waiting, time.time(), query_watermark_file(layout, dc, tail))
     # A file's recorded ranges stay contiguous: what it skips past the line pacing holds it at waits too.
     skipped = [(f, start, end) for f, start, end in skipped if f not in pacing.held or end <= pacing.held[f][0]]
     observations = []
@@ -396,11 +402,3 @@ def pending_dispatcher(dc: str, data_dir: str, deps: SensorDeps) -> dg.SensorDef
         )
 
     return _pending
-
-
-def pending_retry(layout: DataLayout, dc: str, settings: PipelineSettings) -> RetryDecision:
-    return pending_retry_decision(
-        PendingDigest.load(layout.pending_digest_file(dc)),
-        known_query_progress(*layout.query_progress_files(dc)),
-        settings.unjoinable_after_seconds,
-    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.event_store.tail_segments import TailSegments
-from resources.state.watermark import SKETCH_FRACTIONS
+from resources.state.layout import DataLayout
+from resources.state.sidecars import EventTimeWatermark
+from resources.state.watermark import SKETCH_FRACTIONS, WatermarkRule
 from spark_ops.handoff import materialize, unstage
 from spark_ops.parse import (
     CHUNK_BYTES,
@@ -37,6 +40,9 @@ from spark_ops.parse import (
 from spark_ops.registry_calls import QueryPut
 from spark_ops.schemas import CLICK_FIELDS, PARSED, SOURCE_FIELDS, with_run_values
 from spark_ops.tables import append_once, read_table
+
+if TYPE_CHECKING:  # for the annotation only: the settings are a Dagster resource, and spark_ops runs without Dagster
+    from resources.settings import PipelineSettings
 
 MAP_KEYS = ["file", "server_ip", "process_id"]
 
@@ -60,13 +66,13 @@ class IngestStats:
 
 
 def stage_lines(spark: SparkSession, stream: str, stream_dir: Path, ranges: list[ByteRange], max_line_bytes: int,
-                path: Path, text_sink=None, driver_parse_bytes: int = CHUNK_BYTES) -> DataFrame:
+                path: Path, text_sink=None) -> DataFrame:
     """The ranges' lines parsed once (spark_ops/parse.py), into Parquet at `path`, read back. Up to
-    `driver_parse_bytes` (one parse chunk, which Spark too would read in a task or two) and with no
-    text sink (whose puts are keyed by the task), parsed in the driver: the Spark job that would
-    parse a live click unit costs ~0.45 s more than the parse (benchmarks/README.md, issue 42's
-    nineteenth round), a tenth of a click run."""
-    if text_sink is None and sum(r.end - r.start for r in ranges) <= driver_parse_bytes:
+    one parse chunk (CHUNK_BYTES, which Spark too would read in a task or two) and with no text sink
+    (whose puts are keyed by the task), parsed in the driver: the Spark job that would parse a live
+    click unit costs ~0.45 s more than the parse (benchmarks/README.md, issue 42's nineteenth
+    round), a tenth of a click run."""
+    if text_sink is None and sum(r.end - r.start for r in ranges) <= CHUNK_BYTES:
         parsed = parse_in_driver(stream, stream_dir, ranges, max_line_bytes)
         return unstage(spark, pa.RecordBatchReader.from_batches(parsed.schema, parsed.to_batches()), path,
                        PARSED[stream])
@@ -128,6 +134,14 @@ def line_stats(path: Path, by_writer: bool = False, latest_valid_us: int | None 
     )
 
 
+def pass_watermark(inputs: PassInputs, stream: str, stats: IngestStats) -> EventTimeWatermark:
+    """After the pass's writes: its events (none from the future) move the stream's watermark."""
+    return EventTimeWatermark.add_pass(
+        inputs.layout.watermark_file(inputs.dc, stream), inputs.work_unit, stats.events - stats.future_events,
+        stats.sketch, stats.at_or_after_watermark, WatermarkRule.of(inputs.settings),
+    )
+
+
 def log_file_map_entries(path: Path, every_seconds: float, every_bytes: int) -> pa.Table:
     """Photon's sparse index into the raw query logs (§3.4.2), from a unit's staged query lines: per
     file, the first query of every `every_seconds` window of event time and of every `every_bytes`
@@ -163,6 +177,26 @@ class UnitOutput:
 
     def append(self, df: DataFrame, table: str) -> None:
         append_once(df, table, self.tables[table], self.work_unit, self.attempt)
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """What a run's pass over its work unit is given (spark_ops/click_pass.py, spark_ops/query_pass.py),
+    built by its asset from the run config (photon_assets/work_unit.py: WorkUnitConfig.pass_inputs):
+    the unit (its datacenter, id, attempt, byte ranges and clock), whether it is a click unit of no log
+    bytes that retries its datacenter's pending clicks (`pending_only`), where it reads and writes
+    (the attempt's staging directory among them), and the pipeline's settings."""
+
+    dc: str
+    work_unit: str  # a click unit's registry token too: every attempt gets its own ids back
+    attempt: int
+    ranges: list[ByteRange]
+    clock_us: int  # the pipeline's clock for the unit: the same in every attempt (spark_ops/validity.py)
+    layout: DataLayout
+    tables: dict[str, str]
+    staging: Path
+    settings: PipelineSettings
+    pending_only: bool = False
 
 
 def ingest_queries(parsed: DataFrame, path: Path, stats: IngestStats, unit: UnitOutput, map_every_seconds: float,

@@ -20,9 +20,9 @@ none.
    on the way) and `unjoinable_clicks` (merged on `click_id` by a retry: spark_ops/tables.py), and
    the pending clicks' records, side by side (the records after the outputs when the unit retried
    pending clicks); once that output is durable, the token is cleared.
-The unit's ledger append may run beside the plan's building (JoinInput.recorded); the commit waits
-for it, so every id a unit registers has its ledger row, recovery's source when the unit never
-writes its output (spark_ops/verification.py).
+The unit's ledger append runs beside the plan's building (JoinInput.record); the commit waits for
+it, so every id a unit registers has its ledger row, recovery's source when the unit never writes
+its output (spark_ops/verification.py).
 A crash anywhere leaves a state from which the same work unit, retried, produces exactly the
 output a clean run would have (see tests/spark_ops/test_join.py for each crash point).
 """
@@ -46,7 +46,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from resources.registry.api import IdRegistry
-from spark_ops.beside import settle, settle_quietly, side_by_side
+from spark_ops.beside import beside, settle, settle_quietly, side_by_side
 from spark_ops.query_tiers import EventStore, EventStoreStats, event_id_parts
 from spark_ops.handoff import materialize, materialize_counted
 from spark_ops.parse import with_query_struct
@@ -203,7 +203,8 @@ def cap_clicks(spark: SparkSession, registry: IdRegistry, adapted: DataFrame, to
 @dataclass(frozen=True)
 class ClickPass:
     """One click run's pass over its work unit: what every step of the join needs and that is fixed
-    for the pass, built once from the run (photon_assets/clicks.py: `click_pass`) and handed down.
+    for the pass, built once by the click pass (spark_ops/click_pass.py: fixed_for_the_pass) and
+    handed down.
     `token`: the work unit's id, the registry token of its commits. `validity`: the timestamp rules
     (spark_ops/validity.py); None judges no timestamp. `max_clicks_per_query`: 0 caps nothing.
     `checkpoint(point)` is called at each of CRASH_POINTS (fault injection)."""
@@ -226,26 +227,30 @@ class ClickPass:
 @dataclass
 class JoinInput:
     """A work unit's clicks: new log lines' events, and the due pending clicks it retries (their
-    `pending_clicks` records), either may be absent. `recorded`: the clicks' ledger append, started
-    beside the join (spark_ops/beside.py); the join waits for it before its registry commit, so a
+    `pending_clicks` records), either may be absent. `record`: the new lines' ledger append, which the
+    join runs beside itself (spark_ops/beside.py) and waits for before its registry commit, so a
     unit's ledger rows are committed before any of its ids is registered, as when it was appended
     first: recovery re-injects a lost id from its ledger row."""
 
     clicks: DataFrame | None
     retried: DataFrame | None = None
-    recorded: Future | None = None
+    record: Callable[[], None] | None = None
 
 
 def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
-    """One work unit's clicks joined exactly once (see the module docstring)."""
+    """One work unit's clicks joined exactly once (see the module docstring). The one owner of the
+    ledger append (`work.record`): it starts it beside the join, the join waits for it before its
+    registry commit, and a failed join still waits for it (the join's error is the one reported),
+    so it never runs on after the join (it reads the staged lines removed here)."""
     unit.staging.mkdir(parents=True, exist_ok=True)
+    recorded = None if work.record is None else beside(unit.spark, work.record, f"{unit.token}-ledger")
     try:
-        stats = _join(unit, work)
+        stats = _join(unit, work, recorded)
     except BaseException:
-        settle_quietly(work.recorded)  # the join's own error is the one to report
+        settle_quietly(recorded)
         raise
     else:
-        settle(work.recorded)  # a run that returns has its ledger rows committed, or fails with the append's error
+        settle(recorded)  # a run that returns has its ledger rows committed, or fails with the append's error
     finally:
         # After the ledger append, which reads the staged lines.
         unit.event_store.release()
@@ -253,7 +258,7 @@ def join_work_unit(unit: ClickPass, work: JoinInput) -> JoinStats:
     return stats
 
 
-def _join(unit: ClickPass, work: JoinInput) -> JoinStats:
+def _join(unit: ClickPass, work: JoinInput, recorded: Future | None) -> JoinStats:
     stats = JoinStats()
     mark = time.monotonic()
     staging = unit.staging
@@ -264,7 +269,7 @@ def _join(unit: ClickPass, work: JoinInput) -> JoinStats:
     clicks = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     looked = _looked(unit, clicks)
     mark = stats.timed("lookup_plan", mark)
-    settle(work.recorded)
+    settle(recorded)
     mark = stats.timed("ledger_wait", mark)
     unit.checkpoint("before_registry_commit")
     outcomes = resolve(looked, None, staging / "outcomes")
@@ -301,8 +306,8 @@ def _looked(unit: ClickPass, clicks: DataFrame) -> DataFrame:
     # This run's values (the clock, the stream's progress) as columns, not literals: the code Spark
     # generates for the job's stages stays the same from run to run (spark_ops/schemas.py).
     run_values = {**unit.pending.run_values(), **({} if validity is None else validity.run_values())}
-    looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store.query_dir,
-                           store.max_line_bytes, unit.staging / "lookup", RunColumns(unit.pending.progress_table(), run_values))
+    looked = lookup_clicks(spark, unit.registry, clicks.dropDuplicates(["click_id"]), unit.dc, store,
+                           unit.staging / "lookup", RunColumns(unit.pending.progress_table(), run_values))
     looked = looked.withColumn("query_ts", event_id_parts("query_id")[2])
     status, line, horizon = F.col("registry_status"), F.col("line"), F.col("memory_horizon_ts")
     taken = (status == "registered") & (F.col("registry_token").isNull() | (F.col("registry_token") != unit.token))

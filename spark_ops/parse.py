@@ -109,26 +109,13 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema,
     then hold no text (`line` null): the text is most of a query line's bytes, and what follows an
     ingest needs only where the line lies."""
     parse = PARSERS[stream]
-    text_index = schema.get_field_index("line")
     n_event = len(schema) - 5  # file, offset, length, reason, snippet follow the event
     no_event = (None,) * n_event
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         columns: list[list] = [[] for _ in schema]
         event_columns, source_columns = columns[:n_event], columns[n_event:]
-        valid: list[pa.RecordBatch] = []
-
-        def flush() -> pa.RecordBatch:
-            batch = pa.RecordBatch.from_arrays(
-                [pa.array(col, type=field.type) for col, field in zip(columns, schema)], schema=schema
-            )
-            for col in columns:
-                col.clear()
-            if text_sink is not None:
-                valid.append(batch.filter(pc.is_null(batch.column("reason"))).select(TEXT_FIELDS))
-                batch = batch.set_column(text_index, "line", pa.nulls(batch.num_rows, pa.string()))
-            return batch
-
+        valid: list[pa.RecordBatch] | None = None if text_sink is None else []
         for batch in batches:
             for chunk in batch.to_pylist():
                 file = chunk["file"]
@@ -147,13 +134,26 @@ def parse_chunks(stream: str, max_line_bytes: int, schema: pa.Schema,
                     for col, value in zip(source_columns, (file, offset, length, *problem)):
                         col.append(value)
                     if len(columns[0]) >= ROWS_PER_BATCH:
-                        yield flush()
+                        yield _batch_of(columns, schema, valid)
         if columns[0]:
-            yield flush()
+            yield _batch_of(columns, schema, valid)
         if text_sink is not None:
             text_sink(pa.Table.from_batches(valid, schema=pa.schema([schema.field(name) for name in TEXT_FIELDS])))
 
     return run
+
+
+def _batch_of(columns: list[list], schema: pa.Schema, valid: list[pa.RecordBatch] | None) -> pa.RecordBatch:
+    """The lines gathered in `columns` as one record batch, the columns emptied for the next. With
+    `valid` (a text sink's), the valid lines' text goes there and the batch keeps none of it."""
+    batch = pa.RecordBatch.from_arrays([pa.array(col, type=field.type) for col, field in zip(columns, schema)],
+                                       schema=schema)
+    for col in columns:
+        col.clear()
+    if valid is not None:
+        valid.append(batch.filter(pc.is_null(batch.column("reason"))).select(TEXT_FIELDS))
+        batch = batch.set_column(schema.get_field_index("line"), "line", pa.nulls(batch.num_rows, pa.string()))
+    return batch
 
 
 def query_struct_column(lines: list[str | None]) -> pa.StructArray:

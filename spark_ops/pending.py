@@ -6,9 +6,10 @@ has since brought lines of that writer at or behind its progress (a backfill: th
 file the dispatcher reached late) — and no sooner than an exponential backoff after its last attempt.
 A click whose query is never logged is thus not looked up again while its writer logs on in order.
 Once it is `unjoinable_after` behind the query stream's progress (event time) and has been looked
-up `min_attempts` times, it is given up as unjoinable. A click run retries the pending clicks that
-are due along with its new clicks (photon_assets/clicks.py); a retry run of their own is for when
-no click run comes.
+up `min_attempts` times, it is given up as unjoinable. One trigger says when a retry could join
+something (`pending_retry`): a click pass then retries the pending clicks that are due along with
+its new clicks (spark_ops/click_pass.py), and the pending-click dispatcher requests a retry run of
+their own (sensors/dispatcher.py) for when no click run comes.
 
 `pending_clicks` is a log of records, appended to and never updated in a pass: a click run appends
 a record for each click it leaves pending and a resolved record for each pending click it retried
@@ -22,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import deltalake
 import duckdb
@@ -31,13 +33,17 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from resources.event_store.progress import QueryProgress
+from resources.event_store.progress import QueryProgress, known_query_progress
+from resources.state.layout import DataLayout
 from resources.state.sidecars import Document
 from spark_ops.query_tiers import event_id_parts
 from spark_ops.handoff import unstage
 from spark_ops.schemas import arrow_schema
 from spark_ops.tables import (TABLE_SCHEMAS, append, overwrite_where, read_table, rows_held, sql_literal,
                               table_committed, table_lock)
+
+if TYPE_CHECKING:  # for the annotation only: the settings are a Dagster resource, and spark_ops runs without Dagster
+    from resources.settings import PipelineSettings
 
 PROGRESS_SCHEMA = T.StructType(
     [
@@ -124,6 +130,18 @@ def pending_retry_decision(
         return RetryDecision(False, f"pending clicks in retry backoff for {digest.retry_at - now:.1f} s more",
                              wait_until=digest.retry_at)
     return RetryDecision(False, f"{digest.pending} pending click(s) wait for query data that could hold their queries")
+
+
+def pending_retry(layout: DataLayout, dc: str, settings: PipelineSettings) -> RetryDecision:
+    """The one retry trigger of `dc`'s pending clicks (pending_retry_decision), by the digest the last
+    click run left and the query stream's progress as known (known_query_progress): asked by each
+    click pass, to retry them along with its new clicks, and by the pending-click dispatcher, to
+    request a retry run of their own."""
+    return pending_retry_decision(
+        PendingDigest.load(layout.pending_digest_file(dc)),
+        known_query_progress(*layout.query_progress_files(dc)),
+        settings.unjoinable_after_seconds,
+    )
 
 
 def current_pending(records: DataFrame) -> DataFrame:
@@ -263,6 +281,17 @@ class PendingPolicy:
         )
 
 
+def pending_records(rows: DataFrame, recorded_at: Column) -> DataFrame:
+    """`pending_clicks` records (the table's columns) of `rows`, which hold every other column,
+    recorded at `recorded_at`: the one definition of a record. Its last attempt: a record a lookup
+    leaves pending (attempts > 0) is that lookup's; a resolved one keeps its click's last; a click
+    never looked up (re-injected by recovery: spark_ops/verification.py) has none, so no backoff
+    holds it."""
+    last_attempt = F.when(F.col("resolved"), F.col("last_attempt_at")).when(F.col("attempts") > 0, recorded_at)
+    rows = rows.withColumn("recorded_at", recorded_at).withColumn("last_attempt_at", last_attempt)
+    return rows.select(*[F.col(f.name).cast(f.dataType) for f in TABLE_SCHEMAS["pending_clicks"][0].fields])
+
+
 def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataFrame | None) -> None:
     """Records a lookup in `pending_clicks`, in one append: a record for each click still pending
     (`still_pending`: the judged clicks), and a resolved record for each retried click that is not
@@ -271,17 +300,13 @@ def record_pending(path: str, dc: str, still_pending: DataFrame, resolved: DataF
     click in this lookup (spark_ops/registry_calls.py: commit_ids), which dates the records: later
     than any record of an earlier lookup. Appended again by a retried work unit, the records say the
     same and are later: a click's latest record counts."""
-    # The times are set below, once both kinds of record are in.
+    # The times are set by pending_records, once both kinds of record are in.
     rows = (still_pending.withColumn("dc", F.lit(dc)).withColumn("resolved", F.lit(False))
             .withColumn("last_attempt_at", F.lit(None).cast("timestamp")).withColumn("recorded_at", F.lit(None).cast("timestamp"))
             .select(*COLUMNS, "decided_at_us"))
     if resolved is not None:
         rows = rows.unionByName(resolved.withColumn("resolved", F.lit(True)).select(*COLUMNS, "decided_at_us"))
-    # A resolved record keeps the time of the click's last attempt.
-    now = F.timestamp_micros(F.col("decided_at_us"))
-    rows = rows.withColumn("recorded_at", now).withColumn(
-        "last_attempt_at", F.when(F.col("resolved"), F.col("last_attempt_at")).otherwise(now))
-    append(rows.select(*COLUMNS), "pending_clicks", path)
+    append(pending_records(rows, F.timestamp_micros(F.col("decided_at_us"))), "pending_clicks", path)
 
 
 def compact_pending(spark: SparkSession, path: str, dc: str) -> tuple[int, int]:

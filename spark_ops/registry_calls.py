@@ -23,7 +23,7 @@ from pyspark.sql import types as T
 
 from resources.event_store.memory_tier import Holding, read_located
 from resources.registry.api import IdRegistry
-from spark_ops.query_tiers import writers_of
+from spark_ops.query_tiers import EventStore, writers_of
 from spark_ops.handoff import materialize, stage, unstage
 from spark_ops.schemas import arrow_schema
 
@@ -139,14 +139,16 @@ class RunColumns:
     values: dict[str, int | None]
 
 
-def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, query_dir: Path,
-                  max_line_bytes: int, staging: Path, run: RunColumns) -> DataFrame:
+def lookup_clicks(spark: SparkSession, registry: IdRegistry, clicks: DataFrame, dc: str, store: EventStore,
+                  staging: Path, run: RunColumns) -> DataFrame:
     """`clicks` (one row per click_id, with query_id and timestamp_us) with LOOKUP_FIELDS and `run`'s
     columns added, from one call per partition to the registry's ids (the dispatcher lookup) and to
-    the memory tier of `dc`'s EventStore; the lines of the queries it holds located only are read from
-    `dc`'s query logs at `query_dir` by the same task. Not materialized with the service (the caller
+    the memory tier of `dc`'s EventStore (`store`); the lines of the queries it holds located only are
+    read from `store`'s query logs by the same task. Not materialized with the service (the caller
     materializes it once with what it derives); with an embedded registry, the answer is read from
     Parquet."""
+    # Taken out of the store: the tasks' function carries these, not the store's frames.
+    query_dir, max_line_bytes = store.query_dir, store.max_line_bytes
     values = T.StructType([T.StructField(name, T.LongType()) for name in run.values])
     schema = T.StructType(clicks.schema.fields + LOOKUP_FIELDS + values.fields)
 

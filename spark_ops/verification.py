@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from spark_ops.query_tiers import event_id_parts
-from spark_ops.pending import COLUMNS, CURRENT_SQL, pending_of
+from spark_ops.pending import COLUMNS, CURRENT_SQL, pending_of, pending_records
 from spark_ops.tables import (
     CLICK_EVENT, append, commit_actions, delta_rows, duckdb_over, ensure_table, no_rows, one_row, overwrite, overwrite_where, read_table,
     sql_literal, table_committed, table_lock,
@@ -168,9 +168,10 @@ def untracked_clicks(
 
 
 def reinjected_clicks(lost: DataFrame, ledger: DataFrame, recovery_unit: str) -> DataFrame:
-    """`pending_clicks` rows for lost ids, from the click ledger: one per click, in the datacenter
-    whose work unit registered it if that one read it, else any datacenter that did. Due at once:
-    never attempted (no backoff), and ready as soon as its query's writer's progress reaches the query."""
+    """`pending_clicks` records (spark_ops/pending.py: pending_records) for lost ids, from the click
+    ledger: one per click, in the datacenter whose work unit registered it if that one read it, else
+    any datacenter that did. Due at once: never attempted (no backoff), and ready as soon as its
+    query's writer's progress reaches the query."""
     owner = F.split(F.col("token"), r"\.").getItem(0)
     candidates = ledger.join(lost.select("click_id", owner.alias("owner_dc")), "click_id")
     rank = F.row_number().over(
@@ -178,19 +179,18 @@ def reinjected_clicks(lost: DataFrame, ledger: DataFrame, recovery_unit: str) ->
     )
     parts = event_id_parts("query_id")
     chosen = candidates.withColumn("rank", rank).where(F.col("rank") == 1)
-    return chosen.select(
+    return pending_records(chosen.select(
         "dc",
         *[F.col("extra").alias("click_extra") if f.name == "click_extra" else F.col(f.name) for f in CLICK_EVENT],
         F.when(parts[0].isNotNull() & parts[1].isNotNull(), F.concat_ws(":", parts[0], parts[1])).alias("query_writer"),
         parts[2],
-        F.lit(0).cast("int").alias("attempts"),
-        F.lit(None).cast("timestamp").alias("last_attempt_at"),
+        F.lit(0).alias("attempts"),
+        F.lit(None).alias("last_attempt_at"),
         F.lit(recovery_unit).alias("last_attempt_unit"),
-        F.lit(None).cast("long").alias("writer_ts_at_attempt"),
-        F.lit(0).cast("int").alias("writer_backfills_at_attempt"),
+        F.lit(None).alias("writer_ts_at_attempt"),
+        F.lit(0).alias("writer_backfills_at_attempt"),
         F.lit(False).alias("resolved"),
-        F.current_timestamp().alias("recorded_at"),
-    )
+    ), F.current_timestamp())
 
 
 def add_pending(spark: SparkSession, path: str, rows: DataFrame) -> None:

@@ -80,6 +80,10 @@ class DataLayout:
     def staging(self) -> Path:
         return self.root / "staging"
 
+    def staging_dir(self, work_unit: str, attempt: int) -> Path:
+        """One attempt of a work unit's intermediate results, written once each and read back."""
+        return self.staging / f"{work_unit}.a{attempt}"
+
     @property
     def dagster_home(self) -> Path:
         return self.root / "dagster"

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from resources.state.watermark import estimate
+from resources.state.watermark import WatermarkRule, estimate
 
 VERSION = 1
 
@@ -95,13 +95,11 @@ class EventTimeWatermark(Document):
         return None if self.watermark_us is None else round((clock_us - self.watermark_us) / 1e6, 3)
 
     @classmethod
-    def add_pass(
-        cls, path: Path, work_unit: str, events: int, sketch: list[int] | None, at_or_after: int,
-        percentile: float, windows: int, max_passes: int,
-    ) -> "EventTimeWatermark":
+    def add_pass(cls, path: Path, work_unit: str, events: int, sketch: list[int] | None, at_or_after: int,
+                 rule: WatermarkRule) -> "EventTimeWatermark":
         """Adds a pass: `events` events (none from the future), `at_or_after` of them at or after the
-        watermark it read first. A retried work unit's pass replaces its earlier attempt's in the
-        estimate (its events count once more in the accuracy)."""
+        watermark it read first; the estimate follows `rule`. A retried work unit's pass replaces its
+        earlier attempt's in the estimate (its events count once more in the accuracy)."""
         with locked(path):
             mark = cls.load(path)
             if not events or sketch is None:
@@ -109,8 +107,8 @@ class EventTimeWatermark(Document):
             mark.last_accuracy = round(at_or_after / events, 4)
             mark.events += events
             mark.at_or_after += at_or_after
-            mark.passes = ([p for p in mark.passes if p[0] != work_unit] + [[work_unit, events, sketch]])[-max_passes:]
-            value, mark.window_passes = estimate([(n, s) for _, n, s in mark.passes], percentile, windows)
+            mark.passes = ([p for p in mark.passes if p[0] != work_unit] + [[work_unit, events, sketch]])[-rule.max_passes:]
+            value, mark.window_passes = estimate([(n, s) for _, n, s in mark.passes], rule.percentile, rule.windows)
             mark.watermark_us = value if mark.watermark_us is None else max(mark.watermark_us, value)
             write_document(path, mark.as_json())
             return mark

@@ -18,10 +18,27 @@ EventTimeWatermark.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 SKETCH_FRACTIONS = [i / 20 for i in range(21)]  # of a pass's events: the times at 0, 5, ..., 100 %
+
+
+@dataclass(frozen=True)
+class WatermarkRule:
+    """How a stream's watermark is estimated from its passes (`estimate`): the `percentile`, the
+    `windows` that must ascend, and the passes held, at most `max_passes`."""
+
+    percentile: float
+    windows: int
+    max_passes: int
+
+    @classmethod
+    def of(cls, settings) -> "WatermarkRule":
+        """From the settings' watermark_* knobs (resources/settings.py, or the part of them a process was
+        handed: photon/query_tail.py, TailSettings)."""
+        return cls(settings.watermark_percentile, settings.watermark_windows, settings.watermark_max_passes)
 
 
 def percentile_of(sketches: list[tuple[int, list[int]]], percentile: float) -> int:

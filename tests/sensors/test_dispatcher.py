@@ -15,9 +15,10 @@ from resources.registry.ownership import preferred_dc
 from resources.settings import PipelineSettings
 from resources.state.layout import DataLayout
 from resources.state.sidecars import EventTimeWatermark
+from resources.state.watermark import WatermarkRule
 from resources.state.work_unit_log import WorkUnit, WorkUnitLog
 from sensors.deps import SensorDeps
-from sensors.dispatcher import log_dispatcher, pending_dispatcher, pending_retry
+from sensors.dispatcher import log_dispatcher, pending_dispatcher
 from sensors.retries import plan_retries
 from spark_ops.pending import PendingDigest, pending_retry_decision
 from tests.conftest import click, query, write_lines
@@ -296,7 +297,7 @@ def test_pacing_cuts_click_lines_up_to_the_query_streams_watermark_while_query_d
 
     def query_pass(unit, times):
         EventTimeWatermark.add_pass(layout.watermark_file("dc1", "query"), unit, len(times), times, len(times),
-                                    percentile=5, windows=4, max_passes=64)
+                                    WatermarkRule(percentile=5, windows=4, max_passes=64))
 
     # A pass whose newest query is at 900 s, but 95 % of them at or after 100 s: the watermark.
     query_pass("q1", [second] + [100 * second] * 19 + [900 * second])
@@ -340,7 +341,7 @@ def test_with_a_query_tailer_pacing_goes_by_its_watermark_and_holds_only_while_i
     query_file = layout.stream_dir("dc1", "query") / "w" / "0.jsonl"
     write_lines(query_file, [query("10.1.0.1:7:1", 1)])
     EventTimeWatermark.add_pass(layout.watermark_file("dc1", "query_tail"), "tail.1", 21, [100 * second] * 21, 21,
-                                percentile=5, windows=4, max_passes=64)
+                                WatermarkRule(percentile=5, windows=4, max_passes=64))
     sensor = partial(log_dispatcher, "dc1", "click", str(tmp_path))
     knobs = {"pacing_max_hold_seconds": 3600, "pacing_margin_seconds": 0}
 
@@ -391,17 +392,6 @@ def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_i
     cursor = evaluate(sensor, instance, cursor=due).cursor
     write_lines(query_file, [query("10.1.0.1:7:4", 4)])
     assert [r.run_key for r in evaluate(sensor, instance, cursor=cursor).run_requests] == ["dc1.query.00000003"]
-
-
-def test_pending_retries_go_by_the_tailed_writers_times_while_the_tailer_runs(tmp_path):
-    layout = DataLayout(tmp_path)
-    PendingDigest(pending=1, needs={"10.1.0.1:7": [500, 0]}, oldest_ts=400).save(layout.pending_digest_file("dc1"))
-    QueryProgress.merge(layout.query_progress_file("dc1"), {"10.1.0.1:7": (100, 200)})
-    QueryProgress.merge(layout.query_tail_progress_file("dc1"), {"10.1.0.1:7": (100, 600)})
-    settings = PipelineSettings()
-    assert not pending_retry(layout, "dc1", settings).ready  # no fresh mirror: the query runs' progress alone
-    QueryTail(part=1, updated_at=time.time()).save(layout.query_tail_file("dc1"))
-    assert pending_retry(layout, "dc1", settings).ready
 
 
 @pytest.fixture
@@ -476,7 +466,7 @@ def test_a_datacenter_back_from_an_outage_skips_what_the_other_joined_without_wa
     query_file = layout.stream_dir("dc2", "query") / "w" / "0.jsonl"
     write_lines(query_file, [query("10.1.0.1:7:1", 1)])  # a query line its tailer has not read yet
     EventTimeWatermark.add_pass(layout.watermark_file("dc2", "query_tail"), "tail.1", 21, [250 * second] * 21, 21,
-                                percentile=5, windows=4, max_passes=64)
+                                WatermarkRule(percentile=5, windows=4, max_passes=64))
     QueryTail(offsets={}, part=1, updated_at=time.time()).save(layout.query_tail_file("dc2"))
     # No grace: were the file dc1's preferred one, dc2 would not wait for it either.
     settings = {"pacing_max_hold_seconds": 3600, "pacing_margin_seconds": 0, "takeover_grace_seconds": 0}

@@ -14,7 +14,8 @@ from resources.settings import PipelineSettings
 from resources.spark.session import SparkResource
 from resources.state.layout import DataLayout
 from spark_ops.ingest import line_stats, stage_lines, stage_queries
-from spark_ops.parse import CHUNK_BYTES, ByteRange
+from spark_ops.handoff import materialize
+from spark_ops.parse import CHUNK_BYTES, ByteRange, parse_ranges
 from spark_ops.registry_calls import QueryPut
 from spark_ops.schemas import PARSED
 
@@ -67,10 +68,14 @@ def test_a_click_unit_of_one_chunk_is_staged_by_the_driver_row_for_row_as_by_spa
     gen.generate(layout.root, gen.GenConfig(queries=600, seed=11, bad_lines=6))
     stream_dir = layout.stream_dir("dc1", "click")
     ranges = [ByteRange(str(p.relative_to(stream_dir)), 0, p.stat().st_size) for p in sorted(stream_dir.rglob("*.jsonl"))]
+    assert sum(r.end - r.start for r in ranges) <= CHUNK_BYTES  # one parse chunk: stage_lines parses in the driver
     staged, jobs = {}, {}
-    for way, limit in (("driver", CHUNK_BYTES), ("spark", 0)):
-        def stage(way=way, limit=limit):
-            staged[way] = stage_lines(spark, "click", stream_dir, ranges, 65536, tmp_path / way, driver_parse_bytes=limit)
+    ways = {"driver": lambda path: stage_lines(spark, "click", stream_dir, ranges, 65536, path),
+            # What stage_lines does with more than a chunk: Spark's parse, materialized.
+            "spark": lambda path: materialize(parse_ranges(spark, "click", stream_dir, ranges, 65536), path)}
+    for way, stage_way in ways.items():
+        def stage(way=way, stage_way=stage_way):
+            staged[way] = stage_way(tmp_path / way)
         jobs[way] = spark_jobs_of(stage)
     # The driver's way runs no Spark job: nothing is read until the frame is used.
     assert jobs["driver"] == 0 < jobs["spark"]

@@ -11,7 +11,6 @@ from resources.event_store.memory_tier import PIECE_SCHEMA, Holding
 from resources.event_store.progress import QueryProgress, WriterProgress
 from resources.registry.shards import ShardedIdRegistry
 from resources.state.layout import TABLES
-from spark_ops.beside import beside
 from spark_ops.query_tiers import DurableTiers, EventStore
 from spark_ops.ingest import UnitOutput, ingest_queries, line_stats, stage_lines, stage_queries
 from spark_ops.join import CAPPED_REASON, CRASH_POINTS, ClickPass, JoinInput, join_work_unit, window_advice
@@ -121,7 +120,7 @@ def test_crash_then_retry_equals_a_clean_run(world, point):
 
 
 def test_the_registry_commit_waits_for_the_ledger_append_beside_the_join_and_fails_with_it(world):
-    """The click ledger's append runs beside the join (JoinInput.recorded): no id is registered, and
+    """The click ledger's append runs beside the join (JoinInput.record): no id is registered, and
     no output written, before it commits (recovery re-injects a lost id from its ledger row), and
     when it fails the join fails with its error, leaving a retryable state."""
     spark, tables, registry = world["spark"], world["tables"], world["registry"]
@@ -138,12 +137,12 @@ def test_the_registry_commit_waits_for_the_ledger_append_beside_the_join_and_fai
                          world["tmp"] / "staging" / "dc1.click.0", tables)
 
     with pytest.raises(Crash, match="ledger append"):
-        join_work_unit(unit(1), JoinInput(world["clicks"], recorded=beside(spark, slow_then_failing_append, "ledger")))
+        join_work_unit(unit(1), JoinInput(world["clicks"], record=slow_then_failing_append))
     assert seen == [0] and registry.stats()["total"]["ids_registered"] == 0
     assert read_table(spark, "joined_clicks", tables["joined_clicks"]).count() == 0
 
-    committed = beside(spark, partial(ledger.append, ledger.with_unit(world["clicks"]), "click_ledger"), "ledger")
-    retried = join_work_unit(unit(2), JoinInput(world["clicks"], recorded=committed))
+    committed = partial(ledger.append, ledger.with_unit(world["clicks"]), "click_ledger")
+    retried = join_work_unit(unit(2), JoinInput(world["clicks"], record=committed))
     assert joined_ids(world) == sorted(JOINABLE) and retried.refused == 0
     assert read_table(spark, "click_ledger", tables["click_ledger"]).count() == len(CLICKS)
 

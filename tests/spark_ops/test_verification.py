@@ -101,7 +101,11 @@ def test_untracked_and_reinjected_clicks_go_to_the_datacenter_that_registered_th
     assert [(r["click_id"], r["token"]) for r in untracked.collect()] == [("c", "dc2.click.3")]
 
     lost = registered.select("click_id", "token").unionByName(untracked)
-    rows = {r["click_id"]: r for r in reinjected_clicks(lost, ledger, "recovery.r1").collect()}
+    reinjected = reinjected_clicks(lost, ledger, "recovery.r1")
+    # Records as every pending record is built (spark_ops/pending.py: pending_records).
+    schema = TABLE_SCHEMAS["pending_clicks"][0]
+    assert [(f.name, f.dataType) for f in reinjected.schema] == [(f.name, f.dataType) for f in schema]
+    rows = {r["click_id"]: r for r in reinjected.collect()}
     assert set(rows) == {"a", "c"}
     assert rows["a"]["dc"] == "dc2"  # the datacenter whose work unit registered it
     assert rows["a"]["query_writer"] == "10.1.0.1:7" and rows["a"]["query_ts"] == 100

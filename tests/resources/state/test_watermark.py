@@ -6,7 +6,7 @@ import random
 import numpy as np
 
 from resources.state.sidecars import EventTimeWatermark
-from resources.state.watermark import SKETCH_FRACTIONS, estimate, merged_sketch, percentile_of
+from resources.state.watermark import SKETCH_FRACTIONS, WatermarkRule, estimate, merged_sketch, percentile_of
 
 SECOND = 1_000_000
 
@@ -55,7 +55,7 @@ def test_a_disordered_streams_watermark_ascends_and_stays_accurate(tmp_path):
         watermark = EventTimeWatermark.load(path).watermark_us
         at_or_after = len(times) if watermark is None else sum(t >= watermark for t in times)
         mark = EventTimeWatermark.add_pass(path, f"u{p}", len(times), sketch(times), at_or_after,
-                                           percentile=5, windows=4, max_passes=64)
+                                           WatermarkRule(percentile=5, windows=4, max_passes=64))
         marks.append(mark.watermark_us)
         sizes.add(mark.window_passes)
     assert marks == sorted(marks) and marks[-1] > marks[0] + 300 * SECOND
@@ -63,7 +63,7 @@ def test_a_disordered_streams_watermark_ascends_and_stays_accurate(tmp_path):
     assert mark.accuracy >= 0.95 and len(mark.passes) == 64
     assert max(s or 0 for s in sizes) > 1  # the late shipments needed wider windows at times
     # A retried work unit's pass replaces its earlier attempt's.
-    again = EventTimeWatermark.add_pass(path, "u199", 10, [marks[-1]] * 21, 10, 5, 4, 64)
+    again = EventTimeWatermark.add_pass(path, "u199", 10, [marks[-1]] * 21, 10, WatermarkRule(5, 4, 64))
     assert len(again.passes) == 64 and again.passes[-1][1] == 10
     # A pass with no event in time (all from the future) changes nothing.
-    assert EventTimeWatermark.add_pass(path, "u200", 0, None, 0, 5, 4, 64).passes == again.passes
+    assert EventTimeWatermark.add_pass(path, "u200", 0, None, 0, WatermarkRule(5, 4, 64)).passes == again.passes
