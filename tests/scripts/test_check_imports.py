@@ -6,7 +6,8 @@ from resources.state.layout import REPO_ROOT as REPO
 def test_the_project_keeps_its_layering_and_reports_each_package(run_script):
     result = run_script("check_imports.py", REPO)
     assert result.returncode == 0, result.stdout
-    assert "  resources.registry: api, click_caps, client, ownership, service, shards, work_claims" in result.stdout
+    assert ("  resources.registry: api, click_caps, client, etcd_log, held_queries, log_entries, ownership, replica, "
+            "replica_state, service, shards, work_claims") in result.stdout
     assert "      may import: resources, spark_ops\n" in result.stdout
     assert "inside resources: resources.runtime < resources.state < resources.spark" in result.stdout
 
