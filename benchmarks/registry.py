@@ -165,7 +165,11 @@ def replicas_main(pool) -> None:
                         print(json.dumps(configuration), file=sys.stderr)
                         configurations.append(configuration)
             finally:
-                stop_group(process, 30)
+                if registry == "single":  # in this process's group (start_server)
+                    process.terminate()
+                    process.wait(timeout=30)
+                else:
+                    stop_group(process, 30)
     out = results.write({"cell_seconds_cap": CELL_SECONDS, "requests_per_cell": BATCHES,
                          "configurations": configurations, "goals": replicas_goals(configurations)})
     print("| registry | replicas | clients | ids/commit | ids/s | p50 ms | p99 ms | commits per entry (txn) | ids per entry (txn) |")
