@@ -9,8 +9,9 @@ benchmarks/results/<date>-registry-<commit>.json and prints a Markdown table.
 
 `--replicas`: the registry of one machine (`replicas` 1, `registry` "single") beside the replicated
 registry (`photon registry serve --replicas N`: N etcd members and N replicas, N 1 and 3), the same
-cells; the clients of the replicated registry are spread over its replicas (client i prefers replica
-i mod N, as each datacenter's processes prefer their own), and a cell's transactions are the log's
+cells; the clients of the replicated registry all prefer its first replica, as the runs of one
+`photon run --registry-replicas 3` do (`--spread`: client i prefers replica i mod N, as each
+datacenter's processes prefer their own across machines), and a cell's transactions are the log's
 entries that carried commits (server-side batching: ids per entry). Writes
 `<date>-registry-replicas-<commit>.json`: `configurations`, one per (registry, replicas, ids_per_commit,
 clients), with `ids_per_second`, `batch_p50_ms`, `batch_p99_ms`, and the goals' ratios.
@@ -96,10 +97,14 @@ def start_server(data_dir: Path, shards: int) -> tuple[subprocess.Popen, str]:
     return process, ready.read_text()
 
 
+SPREAD = "--spread" in sys.argv[1:]
+
+
 def spread(address: str, n: int) -> str:
-    """Client n's address list: the replicas rotated so that client n prefers replica n mod N."""
+    """Client n's address list: with --spread, the replicas rotated so that client n prefers replica n
+    mod N; else as given (every client prefers the first)."""
     replicas = address.split(",")
-    k = n % len(replicas)
+    k = n % len(replicas) if SPREAD else 0
     return ",".join(replicas[k:] + replicas[:k])
 
 

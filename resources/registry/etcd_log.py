@@ -235,11 +235,15 @@ class EtcdLog:
         key = LOG_PREFIX + f"{proposer}/{uuid.uuid4().hex}".encode()
         return self.etcd.put(key, value, deadline_seconds=deadline_seconds)
 
-    def read_after(self, revision: int, limit: int = 16) -> tuple[list[tuple[int, bytes]], int, int]:
-        """The entries put after `revision` (at most `limit`, in revision order), the trimmed
-        revision and the cluster's revision, from one linearizable transaction."""
+    def read_after(self, revision: int, limit: int = 16, before: int | None = None
+                   ) -> tuple[list[tuple[int, bytes]], int, int]:
+        """The entries put after `revision` (and before revision `before`, if given; at most `limit`,
+        in revision order), the trimmed revision and the cluster's revision, from one linearizable
+        transaction."""
         entries = {"key": b64(LOG_PREFIX), "range_end": b64(prefix_end(LOG_PREFIX)), "min_mod_revision": revision + 1,
                    "sort_order": 1, "sort_target": 3, "limit": limit}  # ASCEND by MOD revision
+        if before is not None:
+            entries["max_mod_revision"] = before - 1
         answer = self.etcd.request("/kv/txn", {"success": [{"request_range": entries},
                                                            {"request_range": {"key": b64(TRIMMED_KEY)}}]})
         ranges = [r["response_range"] for r in answer["responses"]]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from resources.registry.click_caps import ClickCaps
@@ -38,15 +39,16 @@ from resources.registry.shards import (COMMIT_SCHEMA, LOOKUP_SCHEMA, SCAN_SCHEMA
 from resources.registry.work_claims import WorkClaims
 
 STATE_FILE = "registry.duckdb"
-DEDUPE_WINDOW_US = 3_600_000_000  # request ids remembered for an hour of entry time
-DIGEST_ROWS_KEPT = 100_000
+DEDUPE_WINDOW_US = 3_600_000_000  # request ids remembered for an hour of entry time, digests too
+PRUNE_EVERY_US = 60_000_000  # what is older than that window goes once a minute of entry time
 
 STATE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS applied (revision BIGINT NOT NULL, at_us BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS applied_requests (
     request_id VARCHAR PRIMARY KEY, revision BIGINT NOT NULL, at_us BIGINT NOT NULL, answer VARCHAR);
 CREATE TABLE IF NOT EXISTS shard_config (start_us BIGINT NOT NULL, end_us BIGINT, shards INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS id_digest (revision BIGINT PRIMARY KEY, ids BIGINT NOT NULL, hash_sum UBIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS id_digest (
+    revision BIGINT PRIMARY KEY, ids BIGINT NOT NULL, hash_sum UBIGINT NOT NULL, at_us BIGINT NOT NULL);
 """
 MASK = (1 << 64) - 1
 IMPORT_IDS = pa.schema([("click_id", pa.string()), ("timestamp_us", pa.int64()), ("token", pa.string())])
@@ -77,6 +79,9 @@ class ReplicaState:
         self.digest = (int(digest[0][0]), int(digest[0][1])) if digest else (0, 0)
         self._readers = threading.local()
         self._hasher = duckdb.connect()
+        # The request ids applied (the table's, held in memory too: every op of every entry asks).
+        self._requests = dict(self.con.sql("SELECT request_id, answer FROM applied_requests").fetchall())
+        self._pruned_at_us = self.applied_at_us
 
     def _shard(self, index: int) -> ShardTables:
         if index not in self.shards:
@@ -112,6 +117,7 @@ class ReplicaState:
         except BaseException:
             self.con.execute("ROLLBACK")
             self.digest = before
+            self._requests = dict(self.con.sql("SELECT request_id, answer FROM applied_requests").fetchall())
             for shard in self.shards.values():
                 shard.reload_boundary()
             self.config = self.con.sql("SELECT start_us, end_us, shards FROM shard_config ORDER BY start_us").fetchall()
@@ -120,9 +126,7 @@ class ReplicaState:
         return answers
 
     def _applied_already(self, request_ids: list[str]) -> dict[str, str | None]:
-        rows = self.con.execute("SELECT request_id, answer FROM applied_requests WHERE list_contains($ids, request_id)",
-                                {"ids": request_ids}).fetchall()
-        return dict(rows)
+        return {rid: self._requests[rid] for rid in request_ids if rid in self._requests}
 
     def _answer_again(self, op: Op, stored: str | None, at_us: int) -> object:
         """The answer to an op whose request was applied before: a commit's statuses as they stand, a
@@ -134,27 +138,38 @@ class ReplicaState:
         return None if stored is None else json.loads(stored)
 
     def _record(self, revision: int, at_us: int, fresh: list[Op], answers: dict, before: tuple[int, int]) -> None:
-        rows = [(op.request_id, revision, at_us, None if isinstance(answers[op.request_id], pa.Table)
-                 else json.dumps(answers[op.request_id])) for op in fresh]
-        if rows:
-            self.con.executemany("INSERT INTO applied_requests VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", rows)
-        self.con.execute("DELETE FROM applied_requests WHERE at_us < $t", {"t": at_us - DEDUPE_WINDOW_US})
+        """The entry's request ids (with their small answers), its revision, and the id set's digest if
+        it changed, in the entry's transaction; once a minute of entry time, what is past the window."""
+        if fresh:
+            stored = [None if isinstance(answers[op.request_id], pa.Table) else json.dumps(answers[op.request_id])
+                      for op in fresh]
+            self.con.register("fresh", pa.table({"request_id": [op.request_id for op in fresh], "answer": stored}))
+            self.con.execute("INSERT INTO applied_requests SELECT request_id, $r, $t, answer FROM fresh "
+                             "ON CONFLICT DO NOTHING", {"r": revision, "t": at_us})
+            self.con.unregister("fresh")
+            self._requests.update(zip((op.request_id for op in fresh), stored))
         self.con.execute("UPDATE applied SET revision = $r, at_us = $t", {"r": revision, "t": at_us})
         if self.digest != before:
-            self.con.execute("INSERT INTO id_digest VALUES ($r, $n, $h)", {"r": revision, "n": self.digest[0], "h": self.digest[1]})
-            self.con.execute("DELETE FROM id_digest WHERE revision < (SELECT min(revision) FROM "
-                             f"(SELECT revision FROM id_digest ORDER BY revision DESC LIMIT {DIGEST_ROWS_KEPT}))")
+            self.con.execute("INSERT INTO id_digest VALUES ($r, $n, $h, $t)",
+                             {"r": revision, "n": self.digest[0], "h": self.digest[1], "t": at_us})
+        if at_us - self._pruned_at_us >= PRUNE_EVERY_US:
+            horizon = at_us - DEDUPE_WINDOW_US
+            self.con.execute("DELETE FROM applied_requests WHERE at_us < $t", {"t": horizon})
+            # The latest digest is kept whatever its age: it is the id set's now.
+            self.con.execute("DELETE FROM id_digest WHERE at_us < $t AND revision < (SELECT max(revision) FROM id_digest)",
+                             {"t": horizon})
+            self._requests = dict(self.con.sql("SELECT request_id, answer FROM applied_requests").fetchall())
+            self._pruned_at_us = at_us
 
     def _count(self, tables: list[pa.Table], sign: int) -> None:
-        """The digest moved by ids added (sign 1) or removed (sign -1)."""
+        """The digest moved by ids added (sign 1) or removed (sign -1): tables of their MD5s' lower 64
+        bits (column `hash`, from the statement that changed them), summed with wraparound."""
         for table in tables:
             if table is None or not table.num_rows:
                 continue
-            self._hasher.register("changed", table)
-            total = self._hasher.sql("SELECT sum(md5_number_lower(click_id))::HUGEINT FROM changed").fetchall()[0][0]
-            self._hasher.unregister("changed")
+            total = int(np.sum(table.column("hash").to_numpy(zero_copy_only=False).astype(np.uint64), dtype=np.uint64))
             ids, digest = self.digest
-            self.digest = (ids + sign * table.num_rows, (digest + sign * int(total)) & MASK)
+            self.digest = (ids + sign * table.num_rows, (digest + sign * total) & MASK)
 
     def _by_shard(self, group: list[Op], kind: str, at_us: int) -> list[list]:
         """Each op's table routed to the shards, applied there as `kind` requests; per op, its answers
@@ -261,7 +276,7 @@ class ReplicaState:
             inserted = self.con.sql(shard.sql(
                 "INSERT INTO {p}registered_ids (click_id, timestamp_us, token, committed_at) "
                 "SELECT click_id, timestamp_us, token, make_timestamp($now) FROM imported "
-                "ON CONFLICT DO NOTHING RETURNING click_id"), params={"now": at_us}).to_arrow_table()
+                "ON CONFLICT DO NOTHING RETURNING md5_number_lower(click_id) AS hash"), params={"now": at_us}).to_arrow_table()
             self.con.unregister("imported")
             self._count([inserted], 1)
             added += inserted.num_rows

@@ -165,7 +165,7 @@ class ShardTables:
             "WHERE timestamp_us >= $b GROUP BY click_id ON CONFLICT DO NOTHING")
         params = {"b": self.boundary_us, "now": group[0].now_us}
         if self.track_changes:
-            self.added = self.con.sql(insert + " RETURNING click_id", params=params).to_arrow_table()
+            self.added = self.con.sql(insert + " RETURNING md5_number_lower(click_id) AS hash", params=params).to_arrow_table()
         else:
             self.con.execute(insert, params)
         return self._answers(
@@ -199,7 +199,8 @@ class ShardTables:
         for request in group:
             self.con.register("doomed", request.events)
             gone = self.con.sql(self.sql(
-                "DELETE FROM {p}registered_ids WHERE click_id IN (SELECT click_id FROM doomed) RETURNING click_id"
+                "DELETE FROM {p}registered_ids WHERE click_id IN (SELECT click_id FROM doomed) "
+                "RETURNING md5_number_lower(click_id) AS hash"
             )).to_arrow_table()
             self.con.unregister("doomed")
             self.removed.append(gone)
@@ -224,7 +225,7 @@ class ShardTables:
                 if proposal > self.boundary_us:
                     self.con.execute(self.sql("UPDATE {p}gc_boundary SET boundary_us = $b"), {"b": proposal})
                     gone = self.con.sql(self.sql(
-                        "DELETE FROM {p}registered_ids WHERE timestamp_us < $b RETURNING click_id"),
+                        "DELETE FROM {p}registered_ids WHERE timestamp_us < $b RETURNING md5_number_lower(click_id) AS hash"),
                         params={"b": proposal}).to_arrow_table()
                     self.removed.append(gone)
                     deleted = gone.num_rows
