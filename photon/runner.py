@@ -28,7 +28,7 @@ from photon.components import query_tailers
 from photon.dagster_internals import in_process_workspace, remote_sensors, runs_on_several_threads, sensor_pass
 from photon.deployment import (RunnerError, datacenter_leases, exclusive, fail_orphaned_runs, headless_instance,
                                prepare_environment)
-from photon.progress import Progress, progress_for, shown
+from photon.progress_line import Progress, progress_for, shown
 from photon.query_tail import TailSettings
 from photon.registry_cluster import registry_for
 from photon.summary import summarize
@@ -86,7 +86,7 @@ def start_spark_session(log: logging.Logger) -> None:
 class RunOptions:
     """How `photon run` goes (its command line): how long at most and at least, how much the runs log,
     the replicated registry's size (None: the data directory's, else one machine's), and whether a
-    progress line is drawn on a terminal (photon/progress.py)."""
+    progress line is drawn on a terminal (photon/progress_line.py)."""
 
     timeout_seconds: float = 3600.0
     run_log_level: str = "WARNING"
@@ -242,7 +242,7 @@ class Drain:
     first_run: int
     supervisor: Supervisor
     min_seconds: float = 0.0
-    progress: Progress | None = None  # the line on a terminal (photon/progress.py)
+    progress: Progress | None = None  # the line on a terminal (photon/progress_line.py)
 
     def runs(self) -> int:
         return own_runs(self.instance, self.datacenters)

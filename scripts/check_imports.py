@@ -201,6 +201,19 @@ def unplaced_subpackages(modules: dict[str, Path]) -> list[str]:
     return sorted(found - set(RESOURCE_FLOORS))
 
 
+def shared_names(modules: dict[str, Path]) -> list[str]:
+    """Names that two product modules or packages share (a module `a/b/name.py`, a package `a/name/`):
+    a reader must never wonder which one a name means."""
+    places: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        if module == "definitions":
+            continue
+        name = module.rsplit(".", 1)[-1]
+        places[name].add(module)
+    return [f"{name}: {', '.join(sorted(found))}" for name, found in sorted(places.items())
+            if len(found) > 1 and name not in LAYERS]
+
+
 def print_packages(modules: dict[str, Path], imports: list[Import]) -> None:
     """Per (sub)package, bottom to top: its modules, what the layering lets it import, what it imports."""
     members: dict[str, list[str]] = defaultdict(list)
@@ -284,8 +297,12 @@ def main() -> int:
         print(f"  {imp.path}:{imp.line}: {source} -> {target}: {imp.source} imports {imp.target}{nested}")
     for sub in unplaced:
         print(f"  {sub}: a subpackage of resources with no floor (scripts/check_imports.py: RESOURCE_FLOORS)")
+    shared = shared_names(modules)
+    print(f"names two product modules or packages share: {len(shared)}")
+    for line in shared:
+        print(f"  {line}")
 
-    found = package_total + module_total + len(upward) + len(unplaced)
+    found = package_total + module_total + len(upward) + len(unplaced) + len(shared)
     print(f"{'FAIL' if found else 'OK'}: {len(modules)} modules, {len(imports)} project imports; "
           f"{package_total} package cycle(s), {module_total} module cycle(s), {len(upward)} upward import(s)")
     return 1 if found else 0

@@ -188,12 +188,12 @@ def test_the_ui_draws_materializes_and_checks_joined_clicks(tmp_path, spark_conn
             expect(page.get_by_text("Materialized", exact=True)).to_have_count(len(ASSET_GROUPS))
             screenshot(page, "ui-asset-graph.png", tmp_path)
 
-            # 2. Materialize joined_clicks, no config typed: its multi-asset's siblings come along, and
-            # the run catches up on dc1's click lines (photon run left none: its tables as they are).
+            # 2. Materialize joined_clicks, no config typed: the pass writes and records its multi-asset's
+            # siblings too (join_clicks is subsettable: no "additional assets" dialog), and the run catches
+            # up on dc1's click lines (photon run left none: its tables as they are).
             page.goto(f"{url}/assets/joined_clicks")
             settled(url, up)
             page.get_by_role("button", name="Materialize").click()
-            page.get_by_role("button", name="Confirm").click()  # "Additional assets will be materialized"
             launched = ui_run(url, up)
             assert launched["status"] == "SUCCESS", (launched, (data_dir / "state" / "up" / "dagster-daemon.log").read_text()[-3000:])
             page.goto(f"{url}/runs/{launched['runId']}")

@@ -40,3 +40,15 @@ def test_a_resources_subpackage_importing_a_higher_floor_fails(tmp_path, run_scr
     assert result.returncode == 1
     assert ("resources/state/layout.py:1: resources.state -> resources.registry: "
             "resources.state.layout imports resources.registry.api") in result.stdout
+
+
+def test_two_modules_of_one_name_are_reported(tmp_path, run_script):
+    """No two product modules or packages share a name (a module `progress` in two packages, say)."""
+    for package in ("resources", "resources/state", "photon"):
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "resources/state/progress.py").write_text("x = 1\n")
+    (tmp_path / "photon/progress.py").write_text("y = 1\n")
+    result = run_script("check_imports.py", tmp_path)
+    assert result.returncode == 1
+    assert "  progress: photon.progress, resources.state.progress" in result.stdout

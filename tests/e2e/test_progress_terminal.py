@@ -1,4 +1,4 @@
-"""`photon run`'s progress line (photon/progress.py) under a pseudo-terminal: with stderr on a terminal it
+"""`photon run`'s progress line (photon/progress_line.py) under a pseudo-terminal: with stderr on a terminal it
 shows, per datacenter and stream, the bytes left, the clicks joined per second and an ETA, on one line
 rewritten in place; with `--json` (or stderr not a terminal) nothing of it, and stdout is the summary alone."""
 

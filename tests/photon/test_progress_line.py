@@ -1,6 +1,6 @@
-"""The progress line's figures (photon/progress.py): bytes left, the rate bytes were finished at, the ETA."""
+"""The progress line's figures (photon/progress_line.py): bytes left, the rate bytes were finished at, the ETA."""
 
-from photon.progress import StreamProgress, megabytes
+from photon.progress_line import StreamProgress, megabytes
 
 
 def test_eta_from_the_bytes_finished_since_the_start():
