@@ -246,16 +246,17 @@ def chart(result: dict, path: Path, labels: dict[str, str]) -> None:
               ("peak_pss_bytes", "peak PSS (GiB)", False))
     for ax, (key, label, limit) in zip(axes, panels):
         for system, row in result["systems"].items():
-            for rows, style, suffix in ((row["points"], "-", ""), (row.get("floor", {}).get("points", row.get("floor")) or [], "--", " floor")):
-                if isinstance(rows, dict):
-                    rows = rows.get("points", [])
+            floor = row.get("floor") or []
+            floor = floor.get("points", []) if isinstance(floor, dict) else floor  # a curve's, or a merge's rows
+            for rows, style, suffix in ((row["points"], "-", ""), (floor, "--", " floor")):
                 if not rows:
                     continue
                 xs = [r["rate_clicks_per_second"] for r in rows]
                 ys = values(rows, key)
                 scale = 2**30 if key == "peak_pss_bytes" else 1
                 ys = [None if y is None else y / scale for y in ys]
-                line, = ax.plot(xs, [float("nan") if y is None else y for y in ys], style, marker="o",
+                line, = ax.plot(xs, [float("nan") if y is None else y for y in ys], style,
+                                marker="o" if not suffix else "s", mfc=None if not suffix else "none",
                                 color=COLORS.get(system, "gray"), label=labels.get(system, system) + suffix)
                 if rows and isinstance(rows[0][key], dict):  # a merge: each rate's min-max
                     lows = [r[key]["min"] for r in rows]

@@ -61,8 +61,10 @@ def curve(commit: str, p90s: list[float]) -> dict:
                               "systems": {"photon": {"points": points, "floor": {"points": []}}}})
 
 
-def test_repeats_merge_with_each_runs_value_and_min_max_only_on_the_product_code_of_head():
+def test_repeats_merge_with_each_runs_value_and_min_max_only_on_the_product_code_of_head(tmp_path):
     merged = rate_curve.merge([curve("aaa", [3.0, 4.0, 12.0]), curve("bbb", [3.5, 11.0])], check_commit=lambda a, b: True)
+    rate_curve.chart(merged, tmp_path / "merged.png", {})  # each rate's min-max drawn
+    assert (tmp_path / "merged.png").stat().st_size > 0
     photon = merged["systems"]["photon"]
     assert photon["max_rate_p90_under_10s"] == {"runs": [500.0, 250.0], "min": 250.0, "max": 500.0}
     first = photon["points"][0]
