@@ -119,6 +119,21 @@ def statements(logs: Path, out: Path, watermark_seconds: float, join_window_seco
     return ddl, insert
 
 
+def floor_statements(logs: Path, out: Path, watermark_seconds: float, monitor_seconds: float | None) -> tuple[list[str], list[str]]:
+    """The no-join floor: the same sources and sink, valid clicks written as read (no dedup, no
+    join; the sink's query column NULL), valid queries read into the `blackhole` connector."""
+    ddl, _ = statements(logs, out, watermark_seconds, 0, monitor_seconds)
+    ddl.append("CREATE TEMPORARY TABLE dropped_queries WITH ('connector' = 'blackhole') LIKE queries (EXCLUDING ALL)")
+    click_names = ", ".join(c.split()[0] for c in CLICK_COLUMNS)
+    inserts = [
+        f"""INSERT INTO joined_clicks
+            SELECT {click_names}, CAST(NULL AS ROW<query_id STRING, timestamp_us BIGINT, query_text STRING, ads ARRAY<{AD}>>)
+            FROM clicks WHERE {required(CLICK_COLUMNS)}""",
+        f"INSERT INTO dropped_queries SELECT {', '.join(c.split()[0] for c in QUERY_COLUMNS)} FROM valid_queries",
+    ]
+    return ddl, inserts
+
+
 def settings(args) -> dict[str, str]:
     """The job's Flink configuration."""
     conf = {
@@ -127,8 +142,9 @@ def settings(args) -> dict[str, str]:
         "execution.checkpointing.mode": "EXACTLY_ONCE",
         "execution.checkpointing.dir": f"file://{args.out / 'checkpoints'}",
         "state.backend.type": args.state_backend,
-        # RocksDB: a checkpoint uploads only the new SST files; the heap backend snapshots it all.
-        "execution.checkpointing.incremental": "true" if args.state_backend == "rocksdb" else "false",
+        # RocksDB: a checkpoint uploads only the new SST files (unless --no-incremental-checkpoints);
+        # the heap backend snapshots it all.
+        "execution.checkpointing.incremental": "true" if args.state_backend == "rocksdb" and args.incremental_checkpoints else "false",
         # The local cluster's RocksDB memory (block cache and write buffers).
         "taskmanager.memory.managed.size": args.managed_memory,
         # A failure ends the run with its error, instead of restarting from the last checkpoint.
@@ -316,6 +332,10 @@ def main() -> None:
     parser.add_argument("--timeout-seconds", type=float, default=3600.0)
     parser.add_argument("--no-input-counts", dest="input_counts", action="store_false",
                         help="skip reading the input back to count bad lines")
+    parser.add_argument("--no-incremental-checkpoints", dest="incremental_checkpoints", action="store_false",
+                        help="RocksDB: snapshot the whole state at each checkpoint")
+    parser.add_argument("--jvm-options", default="", help="more options for the local cluster's JVM")
+    parser.add_argument("--no-join", action="store_true", help="the no-join floor (floor_statements)")
     args = parser.parse_args()
     if args.mode == "live" and args.shipping_done is None:
         parser.error("live needs --shipping-done")
@@ -330,7 +350,7 @@ def main() -> None:
         raise SystemExit(f"flink: no flink-sql-parquet jar in {args.jars} (run scripts/setup.sh)")
     # PyFlink's gateway reads these when it starts the JVM of the local cluster.
     os.environ["HADOOP_CLASSPATH"] = os.pathsep.join(str(j) for j in jars)
-    os.environ["JVM_ARGS"] = f"-Xmx{args.heap}"
+    os.environ["JVM_ARGS"] = f"-Xmx{args.heap} {args.jvm_options}".strip()
     os.environ["FLINK_LOG_DIR"] = str(args.out / "flink-log")
 
     from pyflink.table import EnvironmentSettings, TableEnvironment
@@ -340,8 +360,12 @@ def main() -> None:
     env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
     for key, value in conf.items():
         env.get_config().set(key, value)
-    ddl, insert = statements(args.logs, table, args.watermark_seconds, args.join_window_seconds,
-                             args.monitor_seconds if args.mode == "live" else None)
+    monitor = args.monitor_seconds if args.mode == "live" else None
+    if args.no_join:
+        ddl, inserts = floor_statements(args.logs, table, args.watermark_seconds, monitor)
+    else:
+        ddl, insert = statements(args.logs, table, args.watermark_seconds, args.join_window_seconds, monitor)
+        inserts = [insert]
     for statement in ddl:
         env.execute_sql(statement)
     session_start = time.monotonic() - STARTED
@@ -349,7 +373,13 @@ def main() -> None:
     deadline = time.monotonic() + args.timeout_seconds
 
     started = time.monotonic()
-    result = env.execute_sql(insert)
+    if len(inserts) == 1:
+        result = env.execute_sql(inserts[0])
+    else:
+        statement_set = env.create_statement_set()
+        for insert in inserts:
+            statement_set.add_insert_sql(insert)
+        result = statement_set.execute()
     stop = None
     if args.mode == "backlog":
         result.wait(int(args.timeout_seconds * 1000))
@@ -377,6 +407,8 @@ def main() -> None:
                      + (f", state TTL {args.dedup_ttl_seconds:g} s" if args.dedup_ttl_seconds else ", no TTL"),
             "sink": "filesystem, parquet, committed on checkpoint",
             "jvm_heap": args.heap,
+            "jvm_options": args.jvm_options,
+            "no_join": args.no_join,
             **conf,
         },
         "session_start_seconds": round(session_start, 3),

@@ -221,6 +221,23 @@ def holds(runs: list[dict], beside: list[tuple[str, float, float]]) -> dict:
     return out
 
 
+# Issue 73's reading of item 5: a click run beside a kind of run may take at most this much longer, at
+# its worst, than the worst of the click runs alone.
+HOLD_ALLOWANCE_SECONDS = 2.0
+
+
+def hold_criterion(upkeep: dict) -> dict:
+    """Per kind of run beside (`holds`): whether `upkeep_hold[kind].hold_max_seconds <=
+    upkeep_hold.alone.hold_max_seconds + 2`, with both numbers; {} without a line of runs alone."""
+    alone = upkeep.get("alone", {}).get("hold_max_seconds")
+    if alone is None:
+        return {}
+    return {kind: {"hold_max_seconds": row["hold_max_seconds"], "alone_hold_max_seconds": alone,
+                   "allowance_seconds": HOLD_ALLOWANCE_SECONDS,
+                   "met": row["hold_max_seconds"] <= alone + HOLD_ALLOWANCE_SECONDS}
+            for kind, row in upkeep.items() if kind != "alone" and "hold_max_seconds" in row}
+
+
 def main() -> None:
     """`upkeep_hold` of each Photon system of a live result whose data was kept (`run.py live
     --keep-data`; results before it had the key), written as a result of its own beside it."""
@@ -234,7 +251,8 @@ def main() -> None:
     by_system = {system: upkeep_hold(Path(result["data_dir"]) / "live" / "dagster")
                  for system, result in live["systems"].items() if "data_dir" in result and "click_run_cost" in result}
     path = ResultFile("upkeep-hold", f"upkeep-hold-of-{args.live_result.stem}", args.live_result.parent).write(
-        {"live_result": args.live_result.name, "measured_commit": live["commit"], "upkeep_hold": by_system})
+        {"live_result": args.live_result.name, "measured_commit": live["commit"], "upkeep_hold": by_system,
+         "upkeep_hold_criterion": {system: hold_criterion(hold) for system, hold in by_system.items()}})
     print(json.dumps(by_system, indent=2))
     print(f"wrote {path}")
 

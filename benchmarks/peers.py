@@ -210,16 +210,34 @@ STREAMING_LIVE_SHUFFLE_PARTITIONS = 1
 DELTA_JARS_DIR = REPO / ".cache" / "jars"
 
 
-def streaming_conf(shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS) -> dict[str, str]:
+STATE_STORES = {
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    # Spark's default: the state in the JVM heap, a versioned map written out whole per batch.
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+
+
+def streaming_conf(shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS, state_store: str = "rocksdb") -> dict[str, str]:
     """The runtime SQL settings of the streaming query (set for its block on a shared session)."""
-    return {
+    conf = {
         # RocksDB keeps join and dedup state off the JVM heap; changelog checkpointing uploads only
         # the changes of a batch (both recommended by the Spark and Databricks guides).
-        "spark.sql.streaming.stateStore.providerClass":
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.streaming.stateStore.providerClass": STATE_STORES[state_store],
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
     }
+    if state_store == "rocksdb":
+        conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = "true"
+    return conf
+
+
+def photon_jvm_options() -> str:
+    """The JVM options Photon's own JVMs get by default (resources/spark/session.py): the serial
+    collector and the JIT thresholds; offered to the peers (`--jvm-options`) to take the JVM's part out
+    of a comparison. Photon's class archive is not: it is made for Photon's class path, and this Java
+    (17) cannot make one for another at run time (-XX:+AutoCreateSharedArchive came in 19)."""
+    from resources.spark.session import COLLECTOR, JIT_OPTIONS
+
+    return " ".join([COLLECTOR, *JIT_OPTIONS])
 
 
 STATE_STORE_CONF = streaming_conf()
@@ -253,24 +271,30 @@ def local_session(conf: dict[str, str]):
 
 
 def streaming_session_conf(driver_memory: str = STREAMING_DRIVER_MEMORY,
-                           shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS) -> dict[str, str]:
-    """The static settings of the peer's own local session."""
+                           shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS, state_store: str = "rocksdb",
+                           jvm_options: str = "") -> dict[str, str]:
+    """The static settings of the peer's own local session; `jvm_options` for its JVM (none by
+    default: Java's own collector and JIT, as a Spark user runs them)."""
     jars = sorted(DELTA_JARS_DIR.glob("delta-spark_2.13-*.jar")) + sorted(DELTA_JARS_DIR.glob("delta-storage-*.jar"))
     if len(jars) < 2:
         raise SystemExit(f"Delta jars missing in {DELTA_JARS_DIR}: run scripts/setup.sh first")
-    return {
+    conf = {
         **peer_local_conf("peer-structured-streaming", driver_memory, shuffle_partitions),
         "spark.jars": ",".join(str(j) for j in jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        **streaming_conf(shuffle_partitions),
+        **streaming_conf(shuffle_partitions, state_store),
     }
+    if jvm_options:
+        conf["spark.driver.extraJavaOptions"] = jvm_options
+    return conf
 
 
 def streaming_session(driver_memory: str = STREAMING_DRIVER_MEMORY,
-                      shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS):
+                      shuffle_partitions: int = STREAMING_SHUFFLE_PARTITIONS, state_store: str = "rocksdb",
+                      jvm_options: str = ""):
     """The peer's own local session (the first one of this process)."""
-    return local_session(streaming_session_conf(driver_memory, shuffle_partitions))
+    return local_session(streaming_session_conf(driver_memory, shuffle_partitions, state_store, jvm_options))
 
 
 # The Spark batch join's own session, as its user would start it on this machine for one join of
@@ -583,10 +607,30 @@ def ship_completed_files(source: Path, target: Path, shipped: set[Path], all_com
     return linked
 
 
+def newly_complete(source: Path, next_seq: dict[str, int], all_complete: bool) -> list[Path]:
+    """The log files under source that became complete since the last call (`complete_files`), found
+    without listing the writers' directories: a writer's files are numbered from 00000.jsonl in the
+    order written (photon gen, benchmarks/replay.py), so file n is complete once file n + 1 exists (or
+    the generator is done). `next_seq` (writer name -> the first file not yet returned) is kept by
+    the caller. At 8,000 clicks/s a writer rotates ~25 files a second: a listing of its directory
+    every poll would grow to tens of thousands of entries."""
+    if not source.is_dir():
+        return []
+    found = []
+    for writer in sorted(source.iterdir()):
+        seq = next_seq.get(writer.name, 0)
+        while (writer / f"{seq:05d}.jsonl").exists() and (
+                all_complete or (writer / f"{seq + 1:05d}.jsonl").exists()):
+            found.append(writer / f"{seq:05d}.jsonl")
+            seq += 1
+        next_seq[writer.name] = seq
+    return found
+
+
 class Shipper:
     """A thread that ships the complete log files of both streams into shipped_root every
-    poll_seconds (`ship_completed_files`), until the generator has written its summary: then the
-    last files are shipped and it ends."""
+    poll_seconds, each the moment it is complete (`newly_complete`), until the generator has written
+    its summary: then the last files are shipped and it ends."""
 
     STREAMS = ("query", "click")
 
@@ -594,9 +638,13 @@ class Shipper:
         self.data_dir, self.datacenter, self.root, self.poll_seconds = data_dir, datacenter, shipped_root, poll_seconds
         self.shipped: set[Path] = set()
         self.failure: list[BaseException] = []
+        self.next_seq: dict[str, dict[str, int]] = {stream: {} for stream in self.STREAMS}
         for stream in self.STREAMS:
             stream_dir(shipped_root, datacenter, stream).mkdir(parents=True, exist_ok=True)
         self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def complete(self, stream: str, done: bool) -> list[Path]:
+        return newly_complete(stream_dir(self.data_dir, self.datacenter, stream), self.next_seq[stream], done)
 
     def _run(self) -> None:
         try:
@@ -604,8 +652,9 @@ class Shipper:
                 # Read before listing: once the summary exists, every file listed after is complete.
                 done = (self.data_dir / SUMMARY_FILE).exists()
                 for stream in self.STREAMS:
-                    ship_completed_files(stream_dir(self.data_dir, self.datacenter, stream),
-                                         stream_dir(self.root, self.datacenter, stream), self.shipped, done)
+                    for path in self.complete(stream, done):
+                        ship_file(path, stream_dir(self.root, self.datacenter, stream))
+                        self.shipped.add(path)
                 if done:
                     return
                 time.sleep(self.poll_seconds)
@@ -646,6 +695,7 @@ class OrderedShipper(Shipper):
             from flink_join import LogFollower
         self.log, self.batch_files = LogFollower(flink_log_dir), batch_files
         self.unread: dict[str, set[str]] = {stream: set() for stream in self.STREAMS}
+        self.pending: dict[str, list[Path]] = {stream: [] for stream in self.STREAMS}
 
     def _run(self) -> None:
         try:
@@ -656,10 +706,12 @@ class OrderedShipper(Shipper):
                 for stream in self.STREAMS:
                     unread = self.unread[stream]
                     unread -= unread & self.log.finished.keys()
-                    pending = sorted((p for p in complete_files(stream_dir(self.data_dir, self.datacenter, stream), done)
-                                      if p not in self.shipped), key=lambda p: (p.stat().st_mtime, p.name))
+                    pending = self.pending[stream]
+                    pending.extend(self.complete(stream, done))
+                    pending.sort(key=lambda p: (p.stat().st_mtime, p.name))
                     room = 0 if unread else self.batch_files
-                    for path in pending[:room]:
+                    shipping, self.pending[stream] = pending[:room], pending[room:]
+                    for path in shipping:
                         destination = ship_file(path, stream_dir(self.root, self.datacenter, stream))
                         self.shipped.add(path)
                         if path.stat().st_size > 0:  # Flink may make no split of an empty file
@@ -672,10 +724,20 @@ class OrderedShipper(Shipper):
             self.failure.append(error)
 
 
+def floor_streams(spark, shipped_root: Path, datacenter: str):
+    """The no-join floor's two streams: the same file sources as the join, clicks with the columns the
+    join writes, queries parsed and dropped (the `noop` sink): the input path's cost without the join."""
+    clicks = (json_stream(spark, stream_dir(shipped_root, datacenter, "click"), CLICK_SCHEMA, None)
+              .select("click_id", "query_id", "timestamp_us", "ad_id", "advertiser_id", "cost_micros"))
+    queries = json_stream(spark, stream_dir(shipped_root, datacenter, "query"), QUERY_SCHEMA, None)
+    return clicks, queries
+
+
 def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark: str = DEFAULT_BOUND,
                        join_window: str = DEFAULT_BOUND, poll_seconds: float = 0.2,
                        timeout_seconds: float = 3600, driver_memory: str = STREAMING_DRIVER_MEMORY,
-                       shuffle_partitions: int = STREAMING_LIVE_SHUFFLE_PARTITIONS, trigger_seconds: float = 0) -> dict:
+                       shuffle_partitions: int = STREAMING_LIVE_SHUFFLE_PARTITIONS, trigger_seconds: float = 0,
+                       state_store: str = "rocksdb", jvm_options: str = "", no_join: bool = False) -> dict:
     """The stream-stream join of `run_streaming`, run continuously while `photon gen --follow`
     writes the logs: by default the default trigger (a micro-batch as soon as the previous one ends:
     as fast as it keeps up; `trigger_seconds` > 0 sets a processing-time trigger), every new file in
@@ -684,35 +746,52 @@ def run_streaming_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1", w
     shipped, everything available is processed and the query stops.
 
     The table is left in out_dir/streaming-live/joined_clicks, whose Delta log gives each click's
-    visible time, as for Photon."""
-    spark, session_start_seconds = timed_session(None, lambda: streaming_session(driver_memory, shuffle_partitions))
+    visible time, as for Photon.
+
+    `no_join`: the no-join floor (`floor_streams`): the same sources and sink, clicks written as read,
+    queries read and dropped by a second query of the same session; nothing joined, deduplicated or
+    held in state. `state_store` (rocksdb, hdfs) and `jvm_options` (the session JVM's) for the sweeps."""
+    spark, session_start_seconds = timed_session(
+        None, lambda: streaming_session(driver_memory, shuffle_partitions, state_store, jvm_options))
     data_dir, out = Path(data_dir), Path(out_dir) / "streaming-live"
     shutil.rmtree(out, ignore_errors=True)
     shipped_root = out / "shipped"
     shipper = Shipper(data_dir, datacenter, shipped_root, poll_seconds)
     table = out / "joined_clicks"
-    conf = streaming_conf(shuffle_partitions)
+    conf = streaming_conf(shuffle_partitions, state_store)
     trigger = (f"processingTime {trigger_seconds:g} s" if trigger_seconds
                else "default (next micro-batch as soon as the previous one ends)")
 
     with session_conf(spark, {**conf, "spark.sql.streaming.numRecentProgressUpdates": "1000000"}):
-        frame = joined_click_stream(spark, shipped_root, datacenter, watermark, join_window, None)
-        writer = (frame.writeStream.format("delta").outputMode("append")
-                  .option("checkpointLocation", str(out / "checkpoint")))
+        if no_join:
+            frame, dropped = floor_streams(spark, shipped_root, datacenter)
+            extra = [dropped.writeStream.format("noop").option("checkpointLocation", str(out / "checkpoint-queries"))]
+        else:
+            frame, extra = joined_click_stream(spark, shipped_root, datacenter, watermark, join_window, None), []
+        writers = [frame.writeStream.format("delta").outputMode("append")
+                   .option("checkpointLocation", str(out / "checkpoint")), *extra]
         if trigger_seconds:
-            writer = writer.trigger(processingTime=f"{trigger_seconds:g} seconds")
-        query = writer.start(str(table))
-        shipper.start().wait(timeout_seconds, query.stop)
-        query.processAllAvailable()
-        query.stop()
+            writers = [w.trigger(processingTime=f"{trigger_seconds:g} seconds") for w in writers]
+        query = writers[0].start(str(table))
+        others = [w.start() for w in writers[1:]]
+
+        def stop_all() -> None:
+            for q in (query, *others):
+                q.stop()
+        shipper.start().wait(timeout_seconds, stop_all)
+        for q in (query, *others):
+            q.processAllAvailable()
+        stop_all()
         progress = [batch for batch in query.recentProgress if batch["numInputRows"] > 0]
         ids = [row.click_id for row in spark.read.format("delta").load(str(table)).select("click_id").collect()]
     joined_rows, joined_ids = len(ids), set(ids)
     batch_seconds = sorted(batch["durationMs"]["triggerExecution"] / 1e3 for batch in progress)
     return {
-        "peer": "spark_structured_streaming_live",
+        "peer": "spark_structured_streaming_live" + ("_floor" if no_join else ""),
         "spark_version": spark.version,
-        "settings": streaming_settings(spark, conf, watermark=watermark, join_window=join_window, trigger=trigger),
+        "settings": streaming_settings(spark, conf, watermark=watermark, join_window=join_window, trigger=trigger,
+                                       no_join=no_join, jvm_options=jvm_options,
+                                       state_store=state_store),
         "watermark": watermark,
         "join_window": join_window,
         "trigger": trigger,
@@ -772,7 +851,9 @@ def flink_job(mode: str, logs: Path, out: Path, options: dict, shipping_done: Pa
     command = [str(FLINK_PYTHON), str(FLINK_JOB), mode, "--logs", str(logs), "--out", str(out),
                "--jars", str(FLINK_JARS_DIR)]
     for key, value in options.items():
-        if value is False:
+        if key == "no_join":
+            command += ["--no-join"] if value else []
+        elif value is False:
             command.append(f"--no-{key.replace('_', '-')}")
         elif value is not None and value is not True:
             command += [f"--{key.replace('_', '-')}", str(value)]
@@ -823,16 +904,20 @@ def flink_summary(job: dict, data_dir: Path, datacenter: str, truth: dict) -> di
 
 
 def flink_options(watermark_seconds, join_window_seconds, checkpoint_seconds, parallelism, state_backend,
-                  heap, dedup_ttl_seconds, input_counts) -> dict:
+                  heap, dedup_ttl_seconds, input_counts, incremental_checkpoints=True, jvm_options="",
+                  no_join=False) -> dict:
     return {"watermark_seconds": watermark_seconds, "join_window_seconds": join_window_seconds,
             "checkpoint_seconds": checkpoint_seconds, "parallelism": parallelism, "state_backend": state_backend,
-            "heap": heap, "dedup_ttl_seconds": dedup_ttl_seconds, "input_counts": input_counts}
+            "heap": heap, "dedup_ttl_seconds": dedup_ttl_seconds, "input_counts": input_counts,
+            "incremental_checkpoints": incremental_checkpoints, "jvm_options": jvm_options or None,
+            "no_join": no_join}
 
 
 def run_flink(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark_seconds: float | None = None,
               join_window_seconds: float = CLICK_DELAY_MAX_SECONDS, checkpoint_seconds: float = 5.0,
               parallelism: int = 1, state_backend: str = "hashmap", heap: str = FLINK_HEAP,
-              dedup_ttl_seconds: float = 0.0, input_counts: bool = True) -> dict:
+              dedup_ttl_seconds: float = 0.0, input_counts: bool = True, incremental_checkpoints: bool = True,
+              jvm_options: str = "", no_join: bool = False) -> dict:
     """Flink's interval join over the backlog: bounded file sources in streaming mode, exactly-once
     checkpoints, until every file is read and the last part files are committed.
 
@@ -853,7 +938,7 @@ def run_flink(data_dir: Path, out_dir: Path, datacenter: str = "dc1", watermark_
     if watermark_seconds is None:
         watermark_seconds = event_time_span_seconds(truth)
     options = flink_options(watermark_seconds, join_window_seconds, checkpoint_seconds, parallelism, state_backend,
-                            heap, dedup_ttl_seconds, input_counts)
+                            heap, dedup_ttl_seconds, input_counts, incremental_checkpoints, jvm_options, no_join)
     job = flink_job("backlog", data_dir / "logs" / datacenter, out, options)
     result = flink_summary(job, data_dir, datacenter, truth)
     wall = result["wall_seconds"]
@@ -867,12 +952,14 @@ def run_flink_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1",
                    join_window_seconds: float = CLICK_DELAY_MAX_SECONDS, checkpoint_seconds: float = 1.0,
                    parallelism: int = 2, state_backend: str = "hashmap", heap: str = FLINK_LIVE_HEAP,
                    dedup_ttl_seconds: float | None = None, input_counts: bool = True, poll_seconds: float = 0.2,
-                   timeout_seconds: float = 3600, batch_files: int = 32) -> dict:
+                   timeout_seconds: float = 3600, batch_files: int = 32, incremental_checkpoints: bool = True,
+                   jvm_options: str = "", no_join: bool = False, shipper: str = "immediate") -> dict:
     """Flink's interval join left running while `photon gen --follow` writes the logs: its sources
     list their directories every second for new files, into which complete log files are shipped
-    as for `streaming-live` (a file source reads a file once), oldest first in batches of at most
-    batch_files per stream, the next once the job has read the last (`OrderedShipper`). After the
-    last shipment the job runs
+    as for `streaming-live` (a file source reads a file once): by default each the moment it is
+    complete (`Shipper`, shipper="immediate", issue 73: the files rotated small by the caller), or
+    (shipper="ordered", before issue 73) oldest first in batches of at most batch_files per stream,
+    the next once the job has read the last (`OrderedShipper`). After the last shipment the job runs
     until it has read every shipped file and committed what it wrote (flink_join.py), and stops.
 
     A click is visible when the part file holding it is committed: renamed from its hidden
@@ -890,11 +977,15 @@ def run_flink_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1",
     minute; p50 42 s, p90 60 s), with 2 it held (p90 per 10 s from 27 s to 36 s, flat over the last 30 s; p50 26 s, p90 36 s)."""
     data_dir, out = Path(data_dir), Path(out_dir).resolve() / "flink-live"
     shutil.rmtree(out, ignore_errors=True)
-    shipper = OrderedShipper(data_dir, datacenter, out / "shipped", out / "flink-log", poll_seconds, batch_files)
+    shipping = shipper
+    if shipper == "ordered":
+        shipper = OrderedShipper(data_dir, datacenter, out / "shipped", out / "flink-log", poll_seconds, batch_files)
+    else:
+        shipper = Shipper(data_dir, datacenter, out / "shipped", poll_seconds)
     if dedup_ttl_seconds is None:
         dedup_ttl_seconds = watermark_seconds + join_window_seconds
     options = flink_options(watermark_seconds, join_window_seconds, checkpoint_seconds, parallelism, state_backend,
-                            heap, dedup_ttl_seconds, input_counts)
+                            heap, dedup_ttl_seconds, input_counts, incremental_checkpoints, jvm_options, no_join)
     shipping_done = out / "shipping-done"
     process = flink_job("live", out / "shipped" / "logs" / datacenter, out, {**options, "timeout_seconds": timeout_seconds},
                         shipping_done=shipping_done, background=True)
@@ -903,10 +994,15 @@ def run_flink_live(data_dir: Path, out_dir: Path, datacenter: str = "dc1",
     job = flink_result(process)
     result = flink_summary(job, data_dir, datacenter, ground_truth(data_dir))
     result["files_shipped"] = len(shipper.shipped)
+    result["shipper"] = shipping
     return result
 
 
 # -- command line --------------------------------------------------------------
+
+def jvm_options(value: str) -> str:
+    """A peer's --jvm-options: 'photon' for Photon's own (photon_jvm_options)."""
+    return photon_jvm_options() if value.strip() == "photon" else value
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -948,6 +1044,17 @@ def main() -> None:
     for name in ("streaming-live", "flink-live"):
         peers.choices[name].add_argument("--timeout-seconds", type=float, default=3600,
                                          help="give up if the generator has not finished by then")
+        peers.choices[name].add_argument("--no-join", action="store_true",
+                                         help="the no-join floor: the same input path and sink, clicks written as read")
+        peers.choices[name].add_argument("--jvm-options", default="",
+                                         help="options for the peer's JVM (default none: Java's own); "
+                                              "'photon' for Photon's collector and JIT thresholds")
+    peers.choices["streaming-live"].add_argument("--state-store", choices=sorted(STATE_STORES), default="rocksdb")
+    flink_live = peers.choices["flink-live"]
+    flink_live.add_argument("--no-incremental-checkpoints", dest="incremental_checkpoints", action="store_false",
+                            help="RocksDB: snapshot the whole state at each checkpoint")
+    flink_live.add_argument("--shipper", choices=("immediate", "ordered"), default="immediate",
+                            help="each complete file at once, or oldest first in batches of 32 with a wait (before issue 73)")
     peers.choices["streaming-live"].add_argument("--trigger-seconds", type=float, default=0,
                                                  help="processing-time trigger; 0: the default trigger")
     streaming = peers.choices["streaming"]
@@ -967,7 +1074,8 @@ def main() -> None:
             result = run_streaming_live(args.data_dir, out_dir, args.datacenter, args.watermark, args.join_window,
                                         timeout_seconds=args.timeout_seconds, driver_memory=args.driver_memory,
                                         shuffle_partitions=args.shuffle_partitions,
-                                        trigger_seconds=args.trigger_seconds)
+                                        trigger_seconds=args.trigger_seconds, state_store=args.state_store,
+                                        jvm_options=jvm_options(args.jvm_options), no_join=args.no_join)
         elif args.peer == "streaming":
             result = run_streaming(args.data_dir, out_dir, args.datacenter, args.watermark, args.join_window,
                                    args.max_files_per_trigger or None, replay=args.replay,
@@ -979,8 +1087,10 @@ def main() -> None:
             if args.peer == "flink":
                 result = run_flink(args.data_dir, out_dir, args.datacenter, **options)
             else:
+                options.update(incremental_checkpoints=args.incremental_checkpoints,
+                               jvm_options=jvm_options(args.jvm_options), no_join=args.no_join)
                 result = run_flink_live(args.data_dir, out_dir, args.datacenter, **options,
-                                        timeout_seconds=args.timeout_seconds)
+                                        timeout_seconds=args.timeout_seconds, shipper=args.shipper)
     finally:
         if args.out_dir is None:
             shutil.rmtree(out_dir, ignore_errors=True)

@@ -62,15 +62,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the project's packages and benchmarks.peers
-from benchmarks.latency_stages import LogSampler, click_run_cost, latency_stages, upkeep_hold  # noqa: E402
+from benchmarks.latency_stages import LogSampler, click_run_cost, hold_criterion, latency_stages, upkeep_hold  # noqa: E402
 from benchmarks.result_file import RESULTS, ResultFile  # noqa: E402
+from benchmarks import rate_curve as rate_curve_module  # noqa: E402
 from benchmarks.peers import DEFAULT_BOUND, flink_environment_missing  # noqa: E402 (DEFAULT_BOUND: the streaming peers' 300 s)
 PYTHON = sys.executable
 MB = 1_000_000
 BACKLOG_MIN_QUERIES = 2_000_000  # the issue's backlog workload: at least 2 million queries
 SYSTEM_LABELS = {"photon": "Photon (photon run)", "photon-up": "Photon (photon up, the daemon)",
                  "photon-replicated": "Photon (photon run, three registry replicas)", "duckdb": "DuckDB batch", "spark-batch": "Spark batch",
-                 "streaming": "Spark Structured Streaming", "flink": "Apache Flink (interval join)"}
+                 "streaming": "Spark Structured Streaming", "flink": "Apache Flink (interval join)",
+                 "photon-floor": "Photon's no-join floor", "streaming-floor": "Structured Streaming's no-join floor",
+                 "flink-floor": "Flink's no-join floor"}
 # The systems whose join runs after a session start of their own, reported apart: what a user waits
 # for is the start and the join (`wall_to_done_seconds`), not what the peer does after it (the
 # replay experiment, reading the input back to count bad lines).
@@ -87,8 +90,29 @@ def process_tree_rss(root: int) -> dict[int, int]:
     it was started for (the JVM runs `bash` for Hadoop's file permissions, Hadoop's native library
     being absent): it shares the JVM's memory, and counting it would count the JVM twice (in live
     runs, such children added 1.5-3 GB to peaks of 3.6-3.8 GB)."""
+    return {pid: stat.rss for pid, stat in process_tree_stats(root).items()}
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class ProcStat(tuple):
+    """What /proc/<pid>/stat says of a process: (parent, start, rss bytes, own CPU seconds, CPU seconds
+    of the children it has reaped)."""
+
+    parent = property(lambda self: self[0])
+    start = property(lambda self: self[1])
+    rss = property(lambda self: self[2])
+    own_cpu = property(lambda self: self[3])
+    reaped_cpu = property(lambda self: self[4])
+
+
+def process_tree_stats(root: int) -> dict[int, ProcStat]:
+    """`ProcStat` of a process and each of its descendants (pid -> stat), from one scan of /proc,
+    without the JVM's children between vfork and exec (see process_tree_rss)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    stats: dict[int, ProcStat] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -96,17 +120,77 @@ def process_tree_rss(root: int) -> dict[int, int]:
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
             children.setdefault(int(fields[1]), []).append(int(entry.name))
-            rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            stats[int(entry.name)] = ProcStat((int(fields[1]), int(fields[19]), int(fields[21]) * page,
+                                               (int(fields[11]) + int(fields[12])) / TICKS,
+                                               (int(fields[13]) + int(fields[14])) / TICKS))
         except (OSError, ValueError, IndexError):
             continue
     tree, stack = {}, [(root, None)]
     while stack:
         pid, parent = stack.pop()
-        if pid not in rss or (parent is not None and _spawning_jvm(pid, parent)):
+        if pid not in stats or (parent is not None and _spawning_jvm(pid, parent)):
             continue
-        tree[pid] = rss[pid]
+        tree[pid] = stats[pid]
         stack.extend((child, pid) for child in children.get(pid, []))
     return tree
+
+
+class TreeCpu:
+    """The CPU seconds (user + system) a process tree has used since its root started, from samples of
+    /proc (`add`): every live process's own time and the time of the children it has reaped (the kernel
+    adds a child's time, its own reaped children's included, to its parent's when the parent reaps it).
+    A process that leaves the tree between two samples keeps counting with what it had used at the
+    last: its parent's reaped time takes it over when it reaps it, and where the parent did not (the
+    process was reparented outside the tree, or its parent ignores SIGCHLD), the process's last
+    sampled time is kept apart (`carried`). What a process used after the last sample that saw it, or
+    a process living less than one sample, is counted only where its parent reaped it. Per kind of
+    process (`process_kind`): own time of each, plus what its parent reaped of it."""
+
+    def __init__(self, root: int):
+        self.root = root
+        self.last: dict[tuple[int, int], ProcStat] = {}  # (pid, start) -> its last sample
+        self.kinds: dict[tuple[int, int], str] = {}
+        self.carried = 0.0
+        self.carried_by_kind: dict[str, float] = {}
+        self.seconds = 0.0
+        self.by_kind: dict[str, float] = {}
+
+    def add(self, tree: dict[int, ProcStat]) -> float:
+        now = {(pid, stat.start): stat for pid, stat in tree.items()}
+        for key in now:  # again at each sample: a child is its parent's command until it execs its own
+            kind = process_kind(key[0], self.root)
+            if kind != "gone":
+                self.kinds[key] = kind
+        by_pid = {pid: key for key in now for pid in (key[0],)}
+        gone: dict[tuple[int, int], float] = {}  # parent key -> its children's last time that left
+        for key, stat in self.last.items():
+            if key in now:
+                continue
+            used = stat.own_cpu + stat.reaped_cpu
+            parent = by_pid.get(stat.parent)
+            if parent is not None and parent in self.last:
+                gone[parent] = gone.get(parent, 0.0) + used
+            else:
+                self._carry(key, used)
+        for parent, used in gone.items():
+            taken = now[parent].reaped_cpu - self.last[parent].reaped_cpu
+            if taken < used - 0.01:  # not reaped (yet) by the parent: keep what it had used
+                for key, stat in self.last.items():
+                    if key not in now and by_pid.get(stat.parent) == parent:
+                        self._carry(key, (stat.own_cpu + stat.reaped_cpu) * (1 - max(0.0, taken) / used))
+        self.last = now
+        by_kind = dict(self.carried_by_kind)
+        for key, stat in now.items():
+            kind = self.kinds.get(key, "gone")
+            by_kind[kind] = by_kind.get(kind, 0.0) + stat.own_cpu + stat.reaped_cpu
+        self.by_kind = by_kind
+        self.seconds = self.carried + sum(stat.own_cpu + stat.reaped_cpu for stat in now.values())
+        return self.seconds
+
+    def _carry(self, key: tuple[int, int], used: float) -> None:
+        self.carried += used
+        kind = self.kinds.get(key, "gone")
+        self.carried_by_kind[kind] = self.carried_by_kind.get(kind, 0.0) + used
 
 
 def _spawning_jvm(pid: int, parent: int) -> bool:
@@ -241,6 +325,8 @@ class Measured:
         self.peak_pss_bytes = 0
         self.peak_breakdown: dict[str, dict[str, int]] = {}  # at the PSS peak: kind -> processes, rss, pss
         self.unsettled_pss_samples = 0  # PSS passes left out: the tree changed during each try
+        self.cpu: TreeCpu | None = None  # the tree's CPU seconds, sampled with its memory
+        self.exit_rusage_cpu_seconds: float | None = None  # the root's and its reaped descendants', at exit
 
     def start(self) -> "Measured":
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -254,8 +340,12 @@ class Measured:
 
     def _sample(self) -> None:
         samples, reader = 0, PssReader(self.process.pid)
-        while self.process.poll() is None:
-            tree = process_tree_rss(self.process.pid)
+        self.cpu = TreeCpu(self.process.pid)
+        while self.alive():
+            stats = process_tree_stats(self.process.pid)
+            if stats:
+                self.cpu.add(stats)
+            tree = {pid: stat.rss for pid, stat in stats.items()}
             self.peak_rss_bytes = max(self.peak_rss_bytes, sum(tree.values()))
             if samples % PSS_EVERY == 0:
                 settled = reader.read(tree)
@@ -276,8 +366,28 @@ class Measured:
             kind["pss"] += pss[pid]
         return kinds
 
+    def alive(self) -> bool:
+        """Whether the command still runs, without reaping it (Popen.poll would, and take its CPU
+        time from `_communicate`)."""
+        if self.process.returncode is not None:
+            return False
+        try:
+            return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:
+            return False
+
+    def cpu_seconds(self) -> float:
+        """The tree's CPU seconds: sampled (TreeCpu), or at the root's exit its own and its reaped
+        descendants' (from the kernel, `wait4`), whichever is more (a sample misses the last half second)."""
+        sampled = self.cpu.seconds if self.cpu else 0.0
+        return round(max(sampled, self.exit_rusage_cpu_seconds or 0.0), 2)
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        return {kind: round(seconds, 2) for kind, seconds in sorted((self.cpu.by_kind if self.cpu else {}).items(),
+                                                                    key=lambda kv: -kv[1])}
+
     def wait(self) -> str:
-        stdout = self.process.communicate()[0]
+        stdout = self._communicate()
         self.wall_seconds = round(time.monotonic() - self.started, 2)
         self._sampler.join()
         self._stderr.close()
@@ -289,6 +399,21 @@ class Measured:
 
     def run(self) -> str:
         return self.start().wait()
+
+    def _communicate(self) -> str:
+        """The command's output once it has exited, reaped by wait4 for its CPU time (with that of
+        every descendant reaped below it)."""
+        stdout = self.process.stdout.read() if self.process.stdout else ""
+        if self.process.returncode is None:
+            try:
+                _, status, usage = os.wait4(self.process.pid, 0)
+                self.process.returncode = os.waitstatus_to_exitcode(status)
+                self.exit_rusage_cpu_seconds = usage.ru_utime + usage.ru_stime
+            except ChildProcessError:  # reaped already (Popen.poll)
+                self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+        return stdout
 
 
 def photon_command(*args: str) -> list[str]:
@@ -648,8 +773,21 @@ def percentiles(values: list[float]) -> dict:
     return {"count": len(ordered), "p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "max": at(1.0)}
 
 
+def prepare_feed(args, work: Path) -> dict | None:
+    """For `--feed replay`: the workload pre-generated once (benchmarks/replay.py), in `args.pre_dir`."""
+    if getattr(args, "feed", "gen") != "replay":
+        return None
+    from benchmarks.replay import pregenerate
+
+    if args.late_query_share:
+        raise SystemExit("--feed replay replays no late queries (a batch writes them in place, not delayed)")
+    args.pre_dir = work / "pre"
+    return pregenerate(args.pre_dir, args.rate, args.duration_s, args.seed, args.late_query_share)
+
+
 def live(args, work: Path) -> dict:
     """Each system in turn tails its own generator run (same seed and rate), nothing else running."""
+    prepare_feed(args, work)
     systems = {}
     for system in args.systems:
         print(f"  {system} ...", file=sys.stderr, flush=True)
@@ -662,32 +800,81 @@ def live(args, work: Path) -> dict:
             "systems": systems}
 
 
-LIVE_PEERS = {"streaming": "streaming-live", "flink": "flink-live"}
+LIVE_PEERS = {"streaming": "streaming-live", "flink": "flink-live",
+              # The no-join floors (issue 73): the same input path and sink, nothing joined.
+              "streaming-floor": "streaming-live", "flink-floor": "flink-live"}
 # `photon-replicated`: `photon run` on the replicated registry (--registry-replicas 3: three etcd
 # members and three replicas beside it, on the same two cores).
 PHOTON_SYSTEMS = ("photon", "photon-up", "photon-replicated")
+# Each system's no-join floor; Photon's is benchmarks/photon_floor.py (its engine, parser and Delta
+# appends, without the dispatcher and Dagster's runs: a floor through those needs the product).
+FLOORS = {"photon": "photon-floor", "photon-up": "photon-floor", "photon-replicated": "photon-floor",
+          "streaming": "streaming-floor", "flink": "flink-floor"}
+FLOOR_SYSTEMS = ("photon-floor", "streaming-floor", "flink-floor")
 
 
 def live_peer_options(system: str, args) -> list[str]:
-    if system == "streaming":
-        return ["--watermark", args.watermark, "--join-window", args.join_window]
-    return flink_options(args)
+    """A live peer's options from the command line: its bounds, and where given its JVM options, state
+    store or backend, incremental checkpoints, and Flink's shipper (the peers' own defaults otherwise)."""
+    jvm = getattr(args, "peer_jvm_options", None)
+    extra = ["--jvm-options", jvm] if jvm else []
+    if system.startswith("streaming"):
+        if getattr(args, "streaming_state_store", None):
+            extra += ["--state-store", args.streaming_state_store]
+        return ["--watermark", args.watermark, "--join-window", args.join_window, *extra]
+    if getattr(args, "flink_state_backend", None):
+        extra += ["--state-backend", args.flink_state_backend]
+    if getattr(args, "flink_incremental_checkpoints", None) is False:
+        extra += ["--no-incremental-checkpoints"]
+    if getattr(args, "flink_shipper", None):
+        extra += ["--shipper", args.flink_shipper]
+    return flink_options(args) + extra
+
+
+def peer_rotate_bytes(rate: float, seconds: float) -> int:
+    """The rotation of the logs a file-fed peer gets (issue 73): a click writer's file complete about
+    every `seconds` at `rate` (two click writers, ~240 bytes a click line), at most the generator's
+    default 256 KiB and at least 4 KiB. At 250 clicks/s a 256 KiB click file takes ~9 s to fill: the
+    peer could not see a click sooner; at 8,000/s it fills in a quarter of a second anyway."""
+    from photon.gen import GenConfig
+
+    per_writer = rate * CLICK_LINE_BYTES / GenConfig.click_writers
+    return int(min(GenConfig.rotate_bytes, max(4096, per_writer * seconds)))
+
+
+CLICK_LINE_BYTES = 240
+
+
+def feed_command(args, system: str, data_dir: Path) -> list[str]:
+    """What writes the live logs: `photon gen --follow` (feed `gen`), or the replayer of the rate's
+    pre-generated logs (feed `replay`, benchmarks/replay.py, `args.pre_dir`). A file-fed peer (and its
+    floor) gets its logs rotated small where `args.peer_rotate_seconds` is set (peer_rotate_bytes)."""
+    rotate = None
+    if system not in PHOTON_SYSTEMS and system != "photon-floor" and getattr(args, "peer_rotate_seconds", None):
+        rotate = peer_rotate_bytes(args.rate, args.peer_rotate_seconds)
+    if getattr(args, "feed", "gen") == "replay":
+        return [PYTHON, str(REPO / "benchmarks" / "replay.py"), "play", "--source", str(args.pre_dir),
+                "--data-dir", str(data_dir), *(["--rotate-bytes", str(rotate)] if rotate else [])]
+    return photon_command("gen", "--data-dir", str(data_dir), "--follow", "--rate", str(args.rate),
+                          "--duration-s", str(args.duration_s), "--seed", str(args.seed),
+                          "--late-query-share", str(args.late_query_share),
+                          *(["--rotate-bytes", str(rotate)] if rotate else []))
 
 
 def live_run(system: str, args, work: Path, peer_options: list[str] | None = None) -> dict:
     """One live run of a system; peer_options replace the peer's options from the command line."""
     data_dir = work / "live"
-    gen = Measured(photon_command("gen", "--data-dir", str(data_dir), "--follow", "--rate", str(args.rate),
-                                  "--duration-s", str(args.duration_s), "--seed", str(args.seed),
-                                  "--late-query-share", str(args.late_query_share)),
-                   work / "logs" / "gen.log").start()
+    gen = Measured(feed_command(args, system, data_dir), work / "logs" / "gen.log").start()
     while not (data_dir / "logs" / "dc1" / "click").is_dir():
+        if not gen.alive():
+            raise SystemExit(f"the feed ended before writing: {gen.log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.1)
     started = time.time()
     timeout = str(args.duration_s + args.drain_timeout_s)
     table = data_dir / "warehouse" / "joined_clicks"
     # `photon-up`: Photon under its daemon deployment; `photon`: `photon run` (or the daemon with --mode daemon).
     photon = system in PHOTON_SYSTEMS
+    floor = system in FLOOR_SYSTEMS
     daemon = system == "photon-up" or (system == "photon" and args.mode == "daemon")
     # Latencies are read back from the files each commit added (visible_latencies): table maintenance
     # compacts them, and must not delete the originals before the run ends.
@@ -695,6 +882,10 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
     options = None
     if daemon:
         measured = photon_up(data_dir, work / "logs", keep_files)
+    elif system == "photon-floor":
+        table = data_dir / "floor" / "clicks"
+        measured = Measured([PYTHON, str(REPO / "benchmarks" / "photon_floor.py"), "--data-dir", str(data_dir),
+                             "--timeout-seconds", timeout], work / "logs" / f"{system}.log").start()
     else:
         if photon:
             replicated = ["--registry-replicas", "3"] if system == "photon-replicated" else []
@@ -703,12 +894,13 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         else:
             table = work / "out" / LIVE_PEERS[system] / "joined_clicks"
             options = live_peer_options(system, args) if peer_options is None else peer_options
+            options += ["--no-join"] if floor else []
             command = peer_command(LIVE_PEERS[system], data_dir, work / "out", *options, "--timeout-seconds", timeout)
         measured = Measured(command, work / "logs" / f"{system}.log", keep_files if photon else None).start()
     backlog_samples, generator_end = [], None
     sampler = LogSampler(data_dir / "logs" / "dc1" / "click").__enter__()  # where each click's time goes
-    while measured.process.poll() is None:
-        if generator_end is None and gen.process.poll() is not None:
+    while measured.alive():
+        if generator_end is None and not gen.alive():
             generator_end = time.time()
         if photon:
             backlog_samples.append({"t": time.time(), **undispatched_bytes(data_dir)})
@@ -721,7 +913,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
                 break
         time.sleep(5 if photon else 1)
     sampler.__exit__()
-    gen.wait()
+    feed_output = gen.wait()
     generator_end = generator_end or time.time()
     if daemon:
         checked = subprocess.run(photon_command("check", "--data-dir", str(data_dir), "--json"), cwd=REPO,
@@ -733,7 +925,9 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         output = (json.loads(stdout.strip().splitlines()[-1] if photon else stdout)
                   if stdout.strip() else None)
     truth = json.loads((data_dir / "gen_summary.json").read_text())
-    if system == "flink":
+    if floor:  # a floor writes every valid click as read: all of them are expected, not only the joinable
+        truth["joinable_click_ids"] = sorted({*truth["joinable_click_ids"], *truth["orphan_click_ids"]})
+    if system.startswith("flink"):
         latencies = part_file_latencies(table) if table.is_dir() else []
     else:
         latencies = visible_latencies(table) if (table / "_delta_log").is_dir() else []
@@ -750,13 +944,21 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
                       "queries_per_second": round(truth["query_events"] / args.duration_s, 1),
                       "query_events": truth["query_events"], "click_lines": truth["click_lines"],
                       "input_bytes": size, "input_mb_per_second": round(size / MB / args.duration_s, 2)},
+        "feed": feed_record(args, gen, feed_output),
         "exit_code": measured.returncode,
         "wall_seconds": measured.wall_seconds,
+        # CPU seconds of the system's whole process tree (user + system, /proc and wait4), the
+        # feed's (generator or replayer) apart in `feed`.
+        "cpu_seconds": measured.cpu_seconds(),
+        "cpu_seconds_by_process": measured.cpu_by_kind(),
+        "cpu_seconds_per_1000_joined_clicks": (round(measured.cpu_seconds() / len(latencies) * 1000, 3)
+                                               if latencies else None),
         "peak_rss_bytes": max(measured.peak_rss_bytes, (output or {}).get("jvm_peak_rss_bytes") or 0),
         "peak_pss_bytes": measured.peak_pss_bytes,
         "peak_memory_by_process": measured.peak_breakdown,
         "unsettled_pss_samples": measured.unsettled_pss_samples,
         ("summary" if photon else "peer"): output,
+        **({"floor": True, "expected": "every valid click (a floor joins nothing)"} if floor else {}),
         # The peer's command-line options on top of its defaults (benchmarks/peers.py): its settings
         # are in `peer` once it reports, which a peer stopped at the drain timeout never does.
         **({} if photon else {"peer_options": options}),
@@ -774,6 +976,7 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         result["latency_stages_seconds"] = latency_stages(data_dir, sampler)
         result["click_run_cost"] = click_run_cost(data_dir / "dagster")
         result["upkeep_hold"] = upkeep_hold(data_dir / "dagster")
+        result["upkeep_hold_criterion"] = hold_criterion(result["upkeep_hold"])
         result["backlog_bytes"] = [{"t": round(s["t"] - started, 1), "query": s["query"], "click": s["click"]}
                                    for s in backlog_samples]
     if args.keep_data:
@@ -782,6 +985,19 @@ def live_run(system: str, args, work: Path, peer_options: list[str] | None = Non
         shutil.rmtree(data_dir, ignore_errors=True)
         shutil.rmtree(work / "out", ignore_errors=True)
     return result
+
+
+def feed_record(args, gen: Measured, output: str) -> dict:
+    """What fed the run: `photon gen --follow` or the replayer, its CPU (the generator's own, apart
+    from the system's) and, for the replayer, when it started and how late its ticks were."""
+    record = {"kind": getattr(args, "feed", "gen"), "cpu_seconds": gen.cpu_seconds(), "wall_seconds": gen.wall_seconds}
+    if record["kind"] == "replay" and output.strip():
+        played = json.loads(output.strip().splitlines()[-1])
+        record.update({k: played[k] for k in ("play_cpu_seconds", "shift_seconds", "shift_cpu_seconds",
+                                              "start_late_seconds", "tick_late_seconds", "rotate_bytes")})
+        # The tree's CPU counts the shift before the run too: the run's share is the play's.
+        record["cpu_seconds"] = played["play_cpu_seconds"]
+    return record
 
 
 # -- the peers at their best: short live runs over a few of their settings -----------
@@ -796,6 +1012,10 @@ PEER_TUNING = {
         ("1 shuffle partition", ["--shuffle-partitions", "1"]),
         ("processing-time trigger 1 s", ["--shuffle-partitions", "2", "--trigger-seconds", "1"]),
         ("2g driver (Photon's)", ["--shuffle-partitions", "2", "--driver-memory", "2g"]),
+        # Issue 73's re-sweep: the state store, and Photon's JVM options (serial collector, JIT thresholds).
+        ("1 shuffle partition, HDFS-backed state store (Spark's default)",
+         ["--shuffle-partitions", "1", "--state-store", "hdfs"]),
+        ("1 shuffle partition, Photon's JVM options", ["--shuffle-partitions", "1", "--jvm-options", "photon"]),
     ],
     "flink": [
         ("defaults: checkpoint 1 s, parallelism 2, RocksDB", _ROCKSDB),
@@ -804,6 +1024,10 @@ PEER_TUNING = {
         ("checkpoint 2 s", [*_ROCKSDB, "--checkpoint-seconds", "2"]),
         ("heap state backend", ["--state-backend", "hashmap", "--heap", "8g"]),
         ("heap state backend, checkpoint 2 s", ["--state-backend", "hashmap", "--heap", "8g", "--checkpoint-seconds", "2"]),
+        # Issue 73's re-sweep: RocksDB without incremental checkpoints, the heap with Photon's JVM options.
+        ("RocksDB, full checkpoints", [*_ROCKSDB, "--no-incremental-checkpoints"]),
+        ("heap state backend 16g, Photon's JVM options", ["--state-backend", "hashmap", "--heap", "16g",
+                                                          "--jvm-options", "photon"]),
     ],
 }
 # What the sweeps found best (the peers' defaults since, benchmarks/peers.py): live, Structured
@@ -815,6 +1039,7 @@ def peer_tuning(args, work: Path) -> dict:
     """Each setting of PEER_TUNING (the first `--settings-per-system` of each system) in a live run
     of its own (`live_run`, same generator seed and rate): latency, completeness and peak memory."""
     runs = []
+    prepare_feed(args, work)
     for system in args.systems:
         for n, (label, options) in enumerate(PEER_TUNING[system][:args.settings_per_system]):
             if args.only is not None and n not in args.only:
@@ -1071,11 +1296,27 @@ def main() -> None:
                                               default=[1, 2, 4, 8])
     live_options = workloads.add_parser("live")
     tuning = workloads.add_parser("peer-tuning")
-    for sub in (live_options, tuning):
-        sub.add_argument("--rate", type=float, default=1000.0, help="clicks per second (queries: 10x)")
-        sub.add_argument("--duration-s", type=float, default=300.0 if sub is live_options else 60.0)
-        sub.add_argument("--drain-timeout-s", type=float, default=600.0 if sub is live_options else 300.0,
+    curve = workloads.add_parser("rate-curve", help="issue 73: each system at rising rates (benchmarks/rate_curve.py)")
+    rate_curve_module.add_arguments(curve)
+    for sub in (live_options, tuning, curve):
+        if sub is not curve:
+            sub.add_argument("--rate", type=float, default=1000.0, help="clicks per second (queries: 10x)")
+            sub.add_argument("--feed", choices=("gen", "replay"), default="gen",
+                             help="photon gen --follow, or the workload pre-generated and replayed by wall clock")
+        sub.add_argument("--duration-s", type=float, default={live_options: 300.0, tuning: 60.0, curve: 600.0}[sub])
+        sub.add_argument("--drain-timeout-s", type=float, default=300.0 if sub is tuning else 600.0,
                          help="after the generator stops, give the system this long to finish")
+        sub.add_argument("--peer-jvm-options", help="the peers' JVM options ('photon': Photon's collector and JIT "
+                                                    "thresholds; default: each peer's own, Java's defaults)")
+        sub.add_argument("--streaming-state-store", choices=("rocksdb", "hdfs"), help="default: the peer's (rocksdb)")
+        sub.add_argument("--flink-state-backend", choices=("hashmap", "rocksdb"), help="default: the peer's (hashmap)")
+        sub.add_argument("--no-flink-incremental-checkpoints", dest="flink_incremental_checkpoints",
+                         action="store_false", default=None, help="RocksDB: full checkpoints")
+        sub.add_argument("--flink-shipper", choices=("immediate", "ordered"),
+                         help="Flink's files each the moment complete (the peer's default), or in batches of 32 with a wait")
+        sub.add_argument("--peer-rotate-seconds", type=float, default=1.0 if sub is curve else None,
+                         help="rotate the file-fed peers' logs so that a click file completes about this often "
+                              "(run.py: peer_rotate_bytes; default: the generator's 256 KiB, rate-curve 1 s)")
         sub.add_argument("--late-query-share", type=float, default=0.0)
         sub.add_argument("--watermark", default=DEFAULT_BOUND, help="Structured Streaming's watermarks")
         sub.add_argument("--join-window", default=DEFAULT_BOUND,
@@ -1092,12 +1333,18 @@ def main() -> None:
     live_options.add_argument("--keep-data", action="store_true",
                               help="keep the data directory (under --work-dir) to read every run back")
     tuning.add_argument("--systems", type=lambda s: s.split(","), default=["streaming", "flink"])
+    curve.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "photon-up", "streaming", "flink"],
+                       help="photon, photon-up, photon-replicated, streaming, flink")
+    curve.set_defaults(keep_data=False)
+    merged = workloads.add_parser("merge", help="rate-curve results of the same product code as one (min-max)")
+    merged.add_argument("results", type=Path, nargs="+")
+    merged.add_argument("--name", default="rate-curve-merged")
     tuning.add_argument("--settings-per-system", type=int, default=len(PEER_TUNING["flink"]),
                         help="run only the first N settings of each system (the defaults first)")
     tuning.add_argument("--only", type=lambda s: [int(n) for n in s.split(",")],
                         help="run only these settings (positions in each system's list, from 0)")
     tuning.add_argument("--name", default="peer-tuning", help="result file name (a second sweep)")
-    for name, checkpoint in (("backlog", 5.0), ("scaling", 5.0), ("live", 1.0), ("peer-tuning", 1.0)):
+    for name, checkpoint in (("backlog", 5.0), ("scaling", 5.0), ("live", 1.0), ("peer-tuning", 1.0), ("rate-curve", 1.0)):
         sub = workloads.choices[name]
         sub.add_argument("--flink-watermark-seconds", type=float, default=None,
                          help="Flink's watermarks (default: the workload's event-time span for a backlog, the"
@@ -1148,6 +1395,17 @@ def main() -> None:
             result = peer_tuning(args, work)
             path = results.renamed(args.name).write(result)
             print(peer_tuning_table(result))
+        elif args.workload == "rate-curve":
+            out = results.renamed(args.name)
+            result = rate_curve_module.rate_curve(args, work, live_run, out.write)
+            path = out.write(result)
+            rate_curve_module.chart(result, path.with_suffix(".png"), SYSTEM_LABELS)
+            print(rate_curve_module.table(result))
+        elif args.workload == "merge":
+            result = rate_curve_module.merge([json.loads(p.read_text()) for p in args.results])
+            path = results.renamed(args.name).write(result)
+            rate_curve_module.chart(result, path.with_suffix(".png"), SYSTEM_LABELS)
+            print(json.dumps(result["max_rate_p90_under_10s"], indent=2))
         else:
             result = batch_cost(args, work)
             path = results.renamed("batch_cost").write(result)

@@ -144,3 +144,24 @@ def test_the_memory_sampler_counts_a_forked_family_afresh_and_only_settled_passe
         execd.kill()
         parent.wait()
         execd.wait()
+
+
+def test_the_rate_curve_runs_photon_rate_by_rate_on_replayed_logs(tmp_path, over_spark_connect):
+    """Issue 73's curve, tiny: two rates of 30 s, `photon run` fed by the replayer of each rate's
+    pre-generated logs. Each run joins every joinable click; its row has the latency, CPU per 1,000
+    joined clicks (the feed's apart and far smaller) and memory; the system goes on to the second rate
+    only if it held the first, and its max rate is the highest it held."""
+    result = bench(tmp_path, "rate-curve", "--rates", "10,20", "--duration-s", "30", "--drain-timeout-s", "180",
+                   "--systems", "photon")
+    photon = result["systems"]["photon"]
+    first = photon["points"][0]
+    assert first["rate_clicks_per_second"] == 10 and first["joined_visible"] == first["joinable_clicks"] > 0
+    assert first["p50_seconds"] <= first["p90_seconds"] <= first["p99_seconds"]
+    assert first["cpu_seconds_per_1000_joined_clicks"] > 0 and first["peak_pss_bytes"] > 0
+    assert 0 <= first["feed_cpu_seconds"] < first["cpu_seconds"] / 10
+    run = photon["runs"][0]
+    assert run["feed"]["kind"] == "replay" and run["feed"]["tick_late_seconds"]["max"] < 1.0
+    assert "main" in run["cpu_seconds_by_process"]
+    assert len(photon["points"]) == (2 if first["verdict"]["held"] else 1)
+    held = [p["rate_clicks_per_second"] for p in photon["points"] if p["verdict"]["held"]]
+    assert result["max_rate_p90_under_10s"]["photon"] == (max(held) if held else None)
