@@ -47,6 +47,7 @@ QUICK = (
     "tests/e2e/test_photon_run.py::test_a_small_workload_end_to_end",
     "tests/e2e/test_photon_run.py::test_bad_invocations_fail_with_one_line",
     "tests/benchmarks/test_chaos.py::test_a_scenario_is_drawn_from_its_seed",
+    "tests/benchmarks/test_rate_curve.py",
     "tests/benchmarks/test_chaos.py::test_runs_merge_only_on_the_product_code",
 )
 
