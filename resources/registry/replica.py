@@ -216,7 +216,9 @@ class ReplicatedIdRegistry(QueriesHeldHere, IdRegistry):
 
     def _apply(self, revision: int, entry: Entry) -> None:
         started = time.perf_counter()
-        answers = self.state.apply(revision, entry)
+        with self._waiting_lock:
+            waited = {op.request_id for op in entry.ops if op.request_id in self._waiting}
+        answers = self.state.apply(revision, entry, waited)
         self.seconds["apply"] += time.perf_counter() - started
         self.counters_["entries_applied"] += 1
         commits = [op for op in entry.ops if op.kind == "commit"]

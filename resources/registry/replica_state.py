@@ -62,6 +62,9 @@ class ReplicaState:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.con = duckdb.connect(str(self.path))
+        # One thread: a replica applies small statements one after another, beside two other replicas
+        # and etcd on the same cores; a second thread per statement only added its start-up.
+        self.con.execute("SET threads = 1")
         self.con.execute(STATE_SCHEMA)
         if not self.con.sql("SELECT count(*) FROM applied").fetchall()[0][0]:
             self.con.execute("INSERT INTO applied VALUES (0, 0)")
@@ -78,6 +81,7 @@ class ReplicaState:
         digest = self.con.sql("SELECT ids, hash_sum FROM id_digest ORDER BY revision DESC LIMIT 1").fetchall()
         self.digest = (int(digest[0][0]), int(digest[0][1])) if digest else (0, 0)
         self._readers = threading.local()
+        self._answered: set[str] | None = None
         self._hasher = duckdb.connect()
         # The request ids applied (the table's, held in memory too: every op of every entry asks).
         self._requests = dict(self.con.sql("SELECT request_id, answer FROM applied_requests").fetchall())
@@ -96,9 +100,10 @@ class ReplicaState:
         return cursor
 
     # Applying.
-    def apply(self, revision: int, entry: Entry) -> dict[str, object]:
+    def apply(self, revision: int, entry: Entry, answered: set[str] | None = None) -> dict[str, object]:
         """Applies the entry at `revision` in one transaction; returns each op's answer by request id
-        (an op already applied is answered as it stands, not applied again)."""
+        (an op already applied is answered as it stands, not applied again). `answered`: the request
+        ids whose commit statuses someone waits for (None: all); the others' are not computed."""
         if revision <= self.applied_revision:
             return {}
         answers: dict[str, object] = {}
@@ -110,6 +115,7 @@ class ReplicaState:
             for op in entry.ops:
                 if op.request_id in seen:
                     answers[op.request_id] = self._answer_again(op, seen[op.request_id], entry.at_us)
+            self._answered = answered
             for group in runs(fresh):
                 answers.update(zip([op.request_id for op in group], getattr(self, f"_{group[0].kind}")(group, entry.at_us)))
             self._record(revision, entry.at_us, fresh, answers, before)
@@ -141,8 +147,8 @@ class ReplicaState:
         """The entry's request ids (with their small answers), its revision, and the id set's digest if
         it changed, in the entry's transaction; once a minute of entry time, what is past the window."""
         if fresh:
-            stored = [None if isinstance(answers[op.request_id], pa.Table) else json.dumps(answers[op.request_id])
-                      for op in fresh]
+            # A commit's or a grant's answer is computed again when asked twice (_answer_again).
+            stored = [None if op.kind in ("commit", "grant") else json.dumps(answers[op.request_id]) for op in fresh]
             self.con.register("fresh", pa.table({"request_id": [op.request_id for op in fresh], "answer": stored}))
             self.con.execute("INSERT INTO applied_requests SELECT request_id, $r, $t, answer FROM fresh "
                              "ON CONFLICT DO NOTHING", {"r": revision, "t": at_us})
@@ -178,9 +184,10 @@ class ReplicaState:
         requests: dict[int, list[tuple[int, _Request]]] = {}
         for n, op in enumerate(group):
             for shard, part in route(op.table, self.config, self._hasher).items():
+                wanted = self._answered is None or op.request_id in self._answered
                 requests.setdefault(shard, []).append(
                     (n, _Request(kind, events=part.select(["click_id", "timestamp_us"]), token=op.args.get("token"),
-                                 now_us=at_us)))
+                                 now_us=at_us, answer=wanted)))
         for shard, pairs in sorted(requests.items()):
             tables = self._shard(shard)
             for (n, _), answer in zip(pairs, tables.apply([request for _, request in pairs])):
@@ -189,8 +196,9 @@ class ReplicaState:
             tables.added, tables.removed = None, []
         return per_op
 
-    def _commit(self, group: list[Op], at_us: int) -> list[pa.Table]:
-        return [pa.concat_tables([COMMIT_SCHEMA.empty_table(), *answers]) for answers in self._by_shard(group, "commit", at_us)]
+    def _commit(self, group: list[Op], at_us: int) -> list[pa.Table | None]:
+        return [None if any(a is None for a in answers) else pa.concat_tables([COMMIT_SCHEMA.empty_table(), *answers])
+                for answers in self._by_shard(group, "commit", at_us)]
 
     def _delete(self, group: list[Op], at_us: int) -> list[int]:
         return [sum(answers) for answers in self._by_shard(group, "delete", at_us)]

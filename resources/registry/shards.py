@@ -103,6 +103,9 @@ class _Request:
     events: pa.Table | None = None
     token: str | None = None
     now_us: int = 0
+    # Whether its caller waits for the answer: a replica applying another's entry does not (its commit
+    # statuses would be computed for nobody).
+    answer: bool = True
 
     @property
     def ids(self) -> int:
@@ -148,26 +151,31 @@ class ShardTables:
         ]
         self.con.register("incoming", pa.concat_tables(parts))
 
-    def _apply_commit(self, group: list["_Request"]) -> list[pa.Table]:
+    def _apply_commit(self, group: list["_Request"]) -> list[pa.Table | None]:
         self._incoming(group)
         self.con.register("tokens", pa.table({"seq": pa.array(range(len(group)), pa.int32()),
                                               "token": [r.token for r in group]}))
-        self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE req AS "
-            "SELECT i.seq, i.click_id, min(i.timestamp_us) AS timestamp_us, any_value(t.token) AS token "
-            "FROM incoming i JOIN tokens t USING (seq) GROUP BY i.seq, i.click_id"
-        )
+        answered = any(r.answer for r in group)
+        requested = ("SELECT i.seq, i.click_id, min(i.timestamp_us) AS timestamp_us, any_value(t.token) AS token "
+                     "FROM incoming i JOIN tokens t USING (seq) GROUP BY i.seq, i.click_id")
+        if answered:
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE req AS {requested}")
         # Conflict resolution inside the batch: for an absent id, the earliest-queued request wins.
         # The ids registered now are kept (`added`) for the replicated registry's digest of its id set.
         insert = self.sql(
             "INSERT INTO {p}registered_ids (click_id, timestamp_us, token, committed_at) "
-            "SELECT click_id, arg_min(timestamp_us, seq), arg_min(token, seq), make_timestamp($now) FROM req "
+            "SELECT click_id, arg_min(timestamp_us, seq), arg_min(token, seq), make_timestamp($now) "
+            f"FROM {'req' if answered else f'({requested})'} "
             "WHERE timestamp_us >= $b GROUP BY click_id ON CONFLICT DO NOTHING")
         params = {"b": self.boundary_us, "now": group[0].now_us}
         if self.track_changes:
             self.added = self.con.sql(insert + " RETURNING md5_number_lower(click_id) AS hash", params=params).to_arrow_table()
         else:
             self.con.execute(insert, params)
+        if not answered:
+            self.con.unregister("incoming")
+            self.con.unregister("tokens")
+            return [None] * len(group)
         return self._answers(
             group, "SELECT q.seq, q.click_id, CASE WHEN q.timestamp_us < $b THEN 'too_old' "
             "WHEN r.token = q.token THEN 'held' ELSE 'refused' END AS status "
