@@ -62,6 +62,7 @@ LEASE_SECONDS = 10  # a replica's publication outlives it by this much at most
 # How often a replica with nothing to do reads the log's new entries; how often the duty replica
 # defragments the members; how many answered commits a replica remembers (their revision and time).
 FOLLOW_SECONDS, DEFRAGMENT_EVERY_SECONDS, ANSWERED_KEPT = 0.2, 600.0, 5000
+GATHER_SECONDS = 0.04  # the most an entry waits under load for the requests of the last one's callers
 
 
 class ReplicaStale(RuntimeError):
@@ -233,14 +234,35 @@ class ReplicatedIdRegistry(QueriesHeldHere, IdRegistry):
 
     def _propose_loop(self) -> None:
         self._catch_up()
+        last_ops, last_seconds = 1, 0.0
         while not self.closed.is_set():
             with self._queued:
                 while not self._queue and not self.closed.is_set():
                     self._queued.wait()
+                self._gather(last_ops, last_seconds)
                 ops = list(self._queue)
                 self._queue.clear()
+            started = time.monotonic()
             for group in pack(ops):
                 self._propose(group)
+            last_ops, last_seconds = len(ops), time.monotonic() - started
+
+    def _gather(self, last_ops: int, last_seconds: float) -> None:
+        """Under load (the last entry carried several requests), waits a moment for as many again: the
+        callers answered by the last entry send their next request within milliseconds, and without the
+        wait they would make an entry of their own beside the one now queued (two cohorts alternating,
+        each paying an entry's fixed cost; an ON CONFLICT insert costs ~20 ms however few its ids).
+        Alone (the last entry one request), nothing waits: no latency added when idle. Called holding
+        `_queued`."""
+        if last_ops < 2:
+            return
+        deadline = time.monotonic() + min(GATHER_SECONDS, last_seconds / 4)
+        wanted = len(self._queue) + last_ops  # those queued meanwhile, and the last entry's callers again
+        while len(self._queue) < wanted and not self.closed.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._queued.wait(left)
 
     def _propose(self, group: list[Op]) -> None:
         """Puts one entry, then applies the log up to it (its own value from memory), which answers its
