@@ -214,7 +214,7 @@ def use_spark_remote(option: str | None) -> None:
 
 
 def command_run(args) -> int:
-    from photon.deployment import RunnerError
+    from photon.deployment import RunnerError, Stopped
     from photon.runner import RunOptions, run_until_idle
 
     use_spark_remote(args.spark_remote)
@@ -229,7 +229,10 @@ def command_run(args) -> int:
             registry_replicas=args.registry_replicas, progress=not args.json))
     except RunnerError as error:
         print(f"photon: error: {error}", file=sys.stderr)
-        return 1
+        return 130 if isinstance(error, Stopped) else 1  # 130: a shell's status for an interrupted command
+    except KeyboardInterrupt:  # a second signal (resources/runtime/stop_signal.py)
+        print("photon: error: stopped at once by a second signal; state is kept, run again to continue", file=sys.stderr)
+        return 130
     failed_checks = sorted(name for name, passed in summary["verification"].items() if not passed)
     for key, value in summary.items():
         print(f"{key}: {value}")

@@ -104,6 +104,10 @@ class RunnerError(RuntimeError):
     """A condition that stops `photon run` with a one-line message."""
 
 
+class Stopped(RunnerError):
+    """`photon run` stopped by SIGINT or SIGTERM before it was idle: nothing verified, state kept."""
+
+
 class DeploymentRunning(RunnerError):
     """A datacenter is `photon up`'s: its deployment owns the runs (and runs the checks itself)."""
 

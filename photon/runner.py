@@ -20,14 +20,14 @@ import shutil
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import dagster as dg
 
 from photon.components import query_tailers
 from photon.dagster_internals import in_process_workspace, remote_sensors, runs_on_several_threads, sensor_pass
-from photon.deployment import (RunnerError, datacenter_leases, exclusive, fail_orphaned_runs, headless_instance,
-                               prepare_environment)
+from photon.deployment import (RunnerError, Stopped, datacenter_leases, exclusive, fail_orphaned_runs,
+                               headless_instance, prepare_environment)
 from photon.progress_line import Progress, progress_for, shown
 from photon.query_tail import TailSettings
 from photon.registry_cluster import registry_for
@@ -44,6 +44,7 @@ from photon_assets.work_unit import (
 )
 from resources.runtime.priority import lower_this_thread
 from resources.runtime.repeating import repeated
+from resources.runtime.stop_signal import run_stoppable
 from resources.settings import pipeline_settings
 from resources.spark.session import spark_session
 from resources.state.layout import REPO_ROOT, DataLayout
@@ -117,8 +118,9 @@ def run_until_idle(layout: DataLayout, datacenters: list[str], log: logging.Logg
             drained = Drain(instance, context, sensors, layout, datacenters, log, started, options.timeout_seconds,
                             first_run, supervisor, options.min_seconds,
                             progress_for(options.progress, layout, datacenters, instance))
-            try:
-                checks = drain_and_verify(drained, recoveries)
+            try:  # on a thread of its own: a Ctrl-C during an in-process run must not be Dagster's alone
+                checks = run_stoppable(lambda stop: drain_and_verify(replace(drained, stop=stop), recoveries), log,
+                                       "click-passes")
             finally:
                 for sensor in sensors:
                     instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
@@ -243,6 +245,7 @@ class Drain:
     supervisor: Supervisor
     min_seconds: float = 0.0
     progress: Progress | None = None  # the line on a terminal (photon/progress_line.py)
+    stop: threading.Event = field(default_factory=threading.Event)  # set by SIGINT/SIGTERM: end after this pass
 
     def runs(self) -> int:
         return own_runs(self.instance, self.datacenters)
@@ -262,6 +265,8 @@ def _drain(d: Drain) -> None:
     while idle < IDLE_PASSES or time.monotonic() - d.started < d.min_seconds:
         if time.monotonic() - d.started > d.timeout_seconds:
             raise RunnerError(f"not idle after {d.timeout_seconds:.0f} s; state is kept, run again to continue")
+        if d.stop.is_set():
+            raise Stopped("stopped by a signal before idle, nothing verified; state is kept, run again to continue")
         d.supervisor.watch()
         pass_started = time.monotonic()
         before = d.runs()

@@ -35,6 +35,7 @@ QUICK = (
     "tests/resources/registry/test_replicas.py::test_an_op_is_applied_once_however_often_it_is_put",
     "tests/resources/registry/test_replicas.py::test_a_replicated_data_directory_is_never_opened",
     "tests/resources/spark/test_session.py",
+    "tests/resources/runtime/test_stop_signal.py",
     "tests/resources/spark/test_class_archive.py::test_the_archive_reaches",
     "tests/resources/spark/test_class_archive.py::test_the_archive_is_named",
     "tests/resources/runtime/test_process_groups.py",
