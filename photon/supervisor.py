@@ -7,8 +7,11 @@ Every child is started here and nowhere else (`start`): a process group of its o
 caller's group, a terminal's Ctrl-C or systemd's stop, reaches the caller alone, which stops its
 children in order; a component's own children, such as a run server's forked runs, share its group
 and stop with it), stdin closed, stdout and stderr appended to its log, and `setpriv --pdeathsig
-SIGTERM` in front of its command: the kernel signals it when this process dies, even by SIGKILL
-(Linux ties that to the thread that started it: every start here runs on the thread that watches).
+SIGTERM` in front of its command: the kernel signals it when this process dies, even by SIGKILL.
+Linux ties that signal to the *thread* that forked the child, so every fork runs on the supervisor's own
+spawning thread, which lives until every child is stopped: a restart from a caller's thread that ends
+earlier (`photon run`'s click passes, resources/runtime/stop_signal.py) would otherwise SIGTERM the
+restarted etcd members and replicas the moment that thread ends, with the others still up.
 
 Policies (`Restart`): FATAL, the component's exit stops the deployment with one line naming it and
 its log (a deployment that heals silently hides a crash loop: Spark, the registry of one machine,
@@ -23,6 +26,7 @@ import logging
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -103,19 +107,23 @@ def last_line(path: Path) -> str:
 
 
 class Supervisor:
-    """The children of one deployment process. Not thread-safe: one thread starts, watches and stops
-    (the one that started them: see the module docstring). A context manager: leaving it stops every
-    child that is left, in stop order."""
+    """The children of one deployment process. Not thread-safe: one thread at a time starts, watches
+    and stops (the forks themselves run on the spawning thread: see the module docstring). A context
+    manager: leaving it stops every child that is left, in stop order."""
 
     def __init__(self, log: logging.Logger):
         self.log = log
         self.children: dict[str, Child] = {}
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="supervisor-spawn")
 
     def __enter__(self) -> "Supervisor":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._spawner.shutdown()
 
     def start(self, spec: Spec) -> Child:
         """Starts `spec` (see the module docstring) and returns its child; does not wait."""
@@ -128,9 +136,9 @@ class Supervisor:
         env = dict(spec.env or os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         with open(spec.log, "ab") as output:
-            process = subprocess.Popen(
-                [*PDEATHSIG, *command], cwd=REPO_ROOT, env=env, stdout=output,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            process = self._spawner.submit(
+                subprocess.Popen, [*PDEATHSIG, *command], cwd=REPO_ROOT, env=env, stdout=output,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True).result()
         previous = self.children.get(spec.name)
         child = Child(spec, process, time.monotonic())
         if previous is not None:
