@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 CLAIMED, DONE, DONE_PENDING = "claimed", "done", "done_pending"
 
+# How long a stop waits for the leases' release (and a renewal under way) before leaving them to lapse.
+RELEASE_SECONDS = 10.0
+
 WORK_SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (dc VARCHAR PRIMARY KEY, expires_us BIGINT NOT NULL, released BOOLEAN NOT NULL);
 CREATE TABLE IF NOT EXISTS claims (
@@ -134,10 +137,20 @@ def leases_held(registry: "IdRegistry", datacenters: list[str], lease_seconds: f
             except Exception as error:  # noqa: BLE001 - any failure: try again next quarter
                 log.warning("could not renew the lease of %s: %s", dc, str(error).splitlines()[0])
 
-    try:
-        with repeated(renew, lease_seconds / 4, "lease-renewal"):
-            yield
-    finally:
+    def release() -> None:
         for dc in datacenters:
             with contextlib.suppress(Exception):
                 registry.heartbeat(dc, 0)
+
+    try:
+        with repeated(renew, lease_seconds / 4, "lease-renewal", wait_seconds=RELEASE_SECONDS):
+            yield
+    finally:
+        # Bounded: a registry without its etcd majority holds a change until it fails, and a stop must
+        # not wait on it; an unreleased lease lapses by itself.
+        releasing = threading.Thread(target=release, name="lease-release", daemon=True)
+        releasing.start()
+        releasing.join(RELEASE_SECONDS)
+        if releasing.is_alive():
+            log.warning("the leases of %s not released within %.0f s (registry unreachable): they lapse within "
+                        "%.0f s", ",".join(datacenters), RELEASE_SECONDS, lease_seconds)

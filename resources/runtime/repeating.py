@@ -11,9 +11,10 @@ from typing import Callable
 
 
 @contextmanager
-def repeated(body: Callable[[], None], every_seconds: float, name: str):
+def repeated(body: Callable[[], None], every_seconds: float, name: str, wait_seconds: float | None = None):
     """Runs `body` on a daemon thread, its starts at least `every_seconds` apart, until the block
-    ends; then waits for the body under way to return. The body handles its own errors."""
+    ends; then waits for the body under way to return, at most `wait_seconds` if given (a body stuck
+    on a service that is gone is left to the process's exit). The body handles its own errors."""
     stop = threading.Event()
 
     def loop() -> None:
@@ -28,4 +29,4 @@ def repeated(body: Callable[[], None], every_seconds: float, name: str):
         yield
     finally:
         stop.set()
-        thread.join()
+        thread.join(wait_seconds)

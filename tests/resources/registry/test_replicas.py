@@ -4,6 +4,7 @@ is put, safety without a majority, and the refusals (credentials, a replicated d
 machine's registry)."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,7 +21,9 @@ from resources.registry.etcd_log import Credentials, Etcd, EtcdLog, EtcdRefused
 from resources.registry.log_entries import Entry, Op
 from resources.registry.replica import ReplicaSettings, ReplicatedIdRegistry
 from resources.registry.replica_state import ReplicaState
+from resources.registry import work_claims
 from resources.registry.shards import ShardedIdRegistry, now_us
+from resources.registry.work_claims import leases_held
 from resources.state.layout import REPO_ROOT
 from tests.conftest import start_etcd, stop_groups
 
@@ -149,9 +152,10 @@ def test_a_replica_the_log_moved_past_copies_a_live_one(tmp_path, etcd):
         a.close()
 
 
-def test_without_an_etcd_majority_a_commit_waits_then_fails_retryably_and_none_is_answered(tmp_path):
+def test_without_an_etcd_majority_a_commit_waits_then_fails_retryably_and_none_is_answered(tmp_path, monkeypatch):
     """Two of three members stopped (SIGSTOP): a commit waits its proposal time, then fails with
-    RegistryUnavailable; nothing is answered while they are stopped; continued, commits go on."""
+    RegistryUnavailable; a stop does not wait on the leases' release; nothing is answered while they
+    are stopped; continued, commits go on."""
     processes, endpoints = start_etcd(tmp_path, members=3)
     a = replica(tmp_path, endpoints, "a", proposal_seconds=4.0)
     try:
@@ -163,6 +167,11 @@ def test_without_an_etcd_majority_a_commit_waits_then_fails_retryably_and_none_i
         with pytest.raises(RegistryUnavailable):
             a.commit(events("during"), "T2")
         assert 3.5 < time.monotonic() - started < 30
+        monkeypatch.setattr(work_claims, "RELEASE_SECONDS", 1.0)
+        started = time.monotonic()
+        with leases_held(a, ["dc1"], 60.0, logging.getLogger("test")):
+            pass  # its renewal and its release each wait out the proposal time (4 s) if nothing bounds them
+        assert time.monotonic() - started < 3.5
         continued = now_us()
         for process in processes[1:]:
             os.kill(process.pid, signal.SIGCONT)
