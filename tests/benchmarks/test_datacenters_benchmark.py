@@ -18,7 +18,7 @@ def test_a_datacenter_back_from_a_live_outage_catches_up_exactly_once(tmp_path):
     # dc1 takes dc2's share over 10 s after dc2's lease lapses, as in a real outage (after 120 s).
     env = {**os.environ, "PHOTON_SETTINGS": json.dumps({"takeover_grace_seconds": 10})}
     done = subprocess.run([sys.executable, "benchmarks/datacenters.py", "--parts", "live-outage", "--rate", "50",
-                           "--outage-after", "25", "--outage-seconds", "40", "--after-seconds", "20",
+                           "--outage-after", "20", "--outage-seconds", "40", "--after-seconds", "10",
                            "--results-dir", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

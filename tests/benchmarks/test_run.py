@@ -147,11 +147,11 @@ def test_the_memory_sampler_counts_a_forked_family_afresh_and_only_settled_passe
 
 
 def test_the_rate_curve_runs_photon_rate_by_rate_on_replayed_logs(tmp_path, over_spark_connect):
-    """Issue 73's curve, tiny: two rates of 30 s, `photon run` fed by the replayer of each rate's
+    """Issue 73's curve, tiny: two rates of 20 s, `photon run` fed by the replayer of each rate's
     pre-generated logs. Each run joins every joinable click; its row has the latency, CPU per 1,000
     joined clicks (the feed's apart and far smaller) and memory; the system goes on to the second rate
     only if it held the first, and its max rate is the highest it held."""
-    result = bench(tmp_path, "rate-curve", "--rates", "10,20", "--duration-s", "30", "--drain-timeout-s", "180",
+    result = bench(tmp_path, "rate-curve", "--rates", "10,20", "--duration-s", "20", "--drain-timeout-s", "180",
                    "--systems", "photon")
     photon = result["systems"]["photon"]
     first = photon["points"][0]

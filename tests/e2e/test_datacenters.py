@@ -214,7 +214,9 @@ def test_a_photon_runs_own_registry_service_killed_stops_it_with_one_line(tmp_pa
         while not (tmp_path / "state" / "registry.address").exists():
             assert pipeline.poll() is None and time.monotonic() < deadline, "the registry service did not start"
             time.sleep(0.1)
-        children = Path(f"/proc/{pipeline.pid}/task/{pipeline.pid}/children").read_text().split()
+        # Every thread's children: the supervisor forks on a thread of its own (photon/supervisor.py).
+        children = [pid for task in Path(f"/proc/{pipeline.pid}/task").iterdir()
+                    for pid in (task / "children").read_text().split()]
         served = [pid for pid in children if b"registry\0serve" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(served) == 1, children
         os.kill(int(served[0]), signal.SIGKILL)

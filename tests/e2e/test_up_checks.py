@@ -45,7 +45,7 @@ pytestmark = pytest.mark.e2e
 # The checks and refreshes often, so that they run beside the click runs of the live workload.
 SETTINGS = {"table_checks_every_seconds": 5, "aggregates_refresh_seconds": 20}
 WAIT_SECONDS = 300
-GEN_RATE, GEN_SECONDS = 20, 150  # clicks per second, for this long
+GEN_RATE, GEN_SECONDS = 20, 120  # clicks per second, for this long
 LOCATION = {"repositoryLocationName": "photon", "repositoryName": "__repository__"}
 
 EXECUTIONS_QUERY = """query Executions($asset: AssetKeyInput!, $check: String!) {
