@@ -207,6 +207,8 @@ def process_kind(pid: int, root: int) -> str:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return "gone"
+    if not command[0]:  # exiting (its memory released: an empty command line); keep what it was
+        return "gone"
     if pid == root:
         return "main"
     if Path(command[0]).name == "java":
