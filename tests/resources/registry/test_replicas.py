@@ -266,3 +266,31 @@ def test_a_client_moves_off_a_dead_replica_and_back_once_it_is_ready(tmp_path, e
             if engine is not None:
                 engine.close()
     assert client_module.PROBE_SECONDS == 1.0
+
+
+def test_the_replicas_check_fails_when_one_replica_applied_what_the_log_never_held(tmp_path, etcd):
+    """`registry_replicas_agree` (in `verify`), through the service of two real replicas: it passes while
+    both apply the log alone, and fails, saying how many id sets it found, once replica b applied a
+    deletion that never went to etcd (what a replica bug or a damaged disk would leave)."""
+    from photon_assets.checks import registry_replicas_agree
+    from resources.id_registry import IdRegistryResource
+    from resources.registry.service import RegistryServer
+
+    a, b = replica(tmp_path, etcd, "a"), replica(tmp_path, etcd, "b")
+    servers = [RegistryServer(a, "127.0.0.1", 0), RegistryServer(b, "127.0.0.1", 0)]
+    resource = IdRegistryResource(data_dir=str(tmp_path), mode="service", address=",".join(s.address for s in servers))
+    try:
+        assert statuses(a.commit(events("x", "y"), "T1")) == {"x": "held", "y": "held"}
+        agreed = registry_replicas_agree(resource)
+        assert agreed.passed and agreed.metadata["distinct_id_sets"].value == 1
+        with b.apply_lock:  # outside the log: b alone forgets "y", at a revision the log has not reached
+            b.state.apply(b.state.applied_revision + 1, Entry("rogue", now_us(), [Op("delete", "rogue-1", {}, events("y"))]))
+        assert statuses(a.commit(events("z"), "T2")) == {"z": "held"}  # the log moves past it
+        differing = registry_replicas_agree(resource)
+        assert not differing.passed
+        assert (differing.metadata["replicas_answering"].value, differing.metadata["distinct_id_sets"].value) == (2, 2)
+    finally:
+        for server in servers:
+            server.shutdown()
+        a.close()
+        b.close()
