@@ -8,6 +8,7 @@ datacenter replica found under its logs/ (or listed in PHOTON_DATACENTERS).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -38,7 +39,7 @@ def build_definitions(data_dir: str, datacenters: list[str] | None = None) -> dg
         datacenters = DataLayout(Path(data_dir).resolve()).datacenters()
     settings = pipeline_settings()
     deps = SensorDeps(settings, registry_resource_from_env(data_dir, resolved=True).get,
-                      ticked_by_daemon=ticked_by_daemon())
+                      ticked_by_daemon=ticked_by_daemon(), started_at=time.time())
     return dg.Definitions(
         # The implicit asset job's runs (Materialize in the UI, `dg launch`) too: a process per step (Dagster's
         # default, multiprocess) cost them ~5 s of start each.

@@ -14,6 +14,7 @@ import fcntl
 import os
 import socket
 import sys
+import time
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Callable, Iterator
 
 from photon.deployment import RunnerError, run_server_socket
 from photon.supervisor import FATAL, RESTARTED, Readiness, Restart, Spec, Supervisor
+from resources.event_store.progress import QueryTail
 from resources.registry.api import ADDRESS_ENV
 from resources.spark.connect_server import server_command, server_environment
 from resources.state.layout import REPO_ROOT, DataLayout
@@ -228,15 +230,27 @@ def local_registry(supervisor: Supervisor, layout: DataLayout) -> Iterator[None]
             del os.environ[ADDRESS_ENV]
 
 
+# How long the start waits for each query tailer's first mirror (query_tailers).
+TAILER_FIRST_MIRROR_SECONDS = 15.0
+
+
 @contextmanager
 def query_tailers(supervisor: Supervisor, layout: DataLayout, datacenters: list[str],
                   settings_json: str) -> Iterator[list[str]]:
-    """A query tailer per datacenter (photon/query_tail.py), stopped at the end; yields their names."""
-    names = []
+    """A query tailer per datacenter (photon/query_tail.py), stopped at the end; yields their names
+    once each has written its first mirror, or TAILER_FIRST_MIRROR_SECONDS have passed. The
+    dispatchers' first ticks then see it feeding: the query dispatcher would otherwise cut a durable-
+    tier unit at once, beside the first click run in a cold JVM (sensors/dispatcher.py: click_path_cold).
+    The tailer is not a component anything waits on to be correct: a late one is only a slower start."""
+    names, started = [], time.time()
     for dc in datacenters:
         spec = COMPONENTS["query-tailer"].spec(Launch(layout, dict(os.environ), of=dc, options={"settings": settings_json}))
         supervisor.start(spec)
         names.append(spec.name)
+    deadline = time.monotonic() + TAILER_FIRST_MIRROR_SECONDS
+    while (time.monotonic() < deadline
+           and any(QueryTail.load(layout.query_tail_file(dc)).updated_at < started for dc in datacenters)):
+        time.sleep(0.1)
     try:
         yield names
     finally:

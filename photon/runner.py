@@ -105,27 +105,28 @@ def run_until_idle(layout: DataLayout, datacenters: list[str], log: logging.Logg
     started = time.monotonic()
     prepare_environment(layout, datacenters, options.run_log_level)
     tailing = TailSettings.of(pipeline_settings()).to_json()
-    with exclusive(layout, datacenters), Supervisor(log) as supervisor, \
-            registry_for(supervisor, layout, options.registry_replicas), \
-            datacenter_leases(layout, datacenters, log), query_tailers(supervisor, layout, datacenters, tailing):
+    with exclusive(layout, datacenters), Supervisor(log) as supervisor:
+        # Spark's JVM starts first: it takes longest, and needs nothing of the rest.
         threading.Thread(target=start_spark_session, args=(log,), name="spark-session-start", daemon=True).start()
-        instance = headless_instance(layout)
-        first_run, recoveries = opened(instance, layout, datacenters, log)
-        with workspace(instance) as context:
-            sensors = loaded_sensors(context)
-            for sensor in sensors:
-                start_sensor(instance, sensor)
-            drained = Drain(instance, context, sensors, layout, datacenters, log, started, options.timeout_seconds,
-                            first_run, supervisor, options.min_seconds,
-                            progress_for(options.progress, layout, datacenters, instance))
-            try:  # on a thread of its own: a Ctrl-C during an in-process run must not be Dagster's alone
-                checks = run_stoppable(lambda stop: drain_and_verify(replace(drained, stop=stop), recoveries), log,
-                                       "click-passes")
-            finally:
+        with registry_for(supervisor, layout, options.registry_replicas), datacenter_leases(layout, datacenters, log), \
+                query_tailers(supervisor, layout, datacenters, tailing):
+            instance = headless_instance(layout)
+            first_run, recoveries = opened(instance, layout, datacenters, log)
+            with workspace(instance) as context:
+                sensors = loaded_sensors(context)
                 for sensor in sensors:
-                    instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
-        runs = own_runs(instance, datacenters) - first_run
-        summary = summarize(layout, datacenters, instance, pending_clicks(checks))
+                    start_sensor(instance, sensor)
+                drained = Drain(instance, context, sensors, layout, datacenters, log, started, options.timeout_seconds,
+                                first_run, supervisor, options.min_seconds,
+                                progress_for(options.progress, layout, datacenters, instance))
+                try:  # on a thread of its own: a Ctrl-C during an in-process run must not be Dagster's alone
+                    checks = run_stoppable(lambda stop: drain_and_verify(replace(drained, stop=stop), recoveries), log,
+                                           "click-passes")
+                finally:
+                    for sensor in sensors:
+                        instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
+            runs = own_runs(instance, datacenters) - first_run
+            summary = summarize(layout, datacenters, instance, pending_clicks(checks))
     summary.update(runs=runs, verification={check.name: check.passed for check in checks}, recoveries=recoveries,
                    wall_seconds=round(time.monotonic() - started, 2))
     return summary

@@ -248,6 +248,15 @@ def log_runs_in_flight(instance: dg.DagsterInstance, dc: str, stream: str) -> in
     return instance.get_runs_count(dg.RunsFilter(statuses=list(UNFINISHED), tags=tags))
 
 
+def log_run_finished_since(instance: dg.DagsterInstance, dc: str, stream: str, since: float) -> bool:
+    """Whether a run of one datacenter's log work units of a stream ended (or changed status) after
+    `since` (epoch seconds), however it ended."""
+    tags = {TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: LOG_RANGES}
+    after = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
+    ended = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+    return instance.get_runs_count(dg.RunsFilter(statuses=ended, tags=tags, updated_after=after)) > 0
+
+
 def work_units_finished_since(instance: dg.DagsterInstance, since: float) -> set[str]:
     """Work units with a run that finished (or changed status) after `since` (epoch seconds)."""
     after = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)

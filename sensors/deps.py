@@ -31,6 +31,10 @@ class SensorDeps:
     # Whether the daemon ticks these sensors, each on a thread of its own (`photon up`): only then may
     # a tick wait (sensors/dispatcher.py: await_run_end); `photon run` ticks them one after another.
     ticked_by_daemon: bool = False
+    # When this process made its sensors (epoch seconds): the JVM the runs share starts with it, so
+    # until its first click run ends the query dispatcher starts no durable-tier run beside it
+    # (sensors/dispatcher.py: query_run_deferred). 0: no start to mind (a test's single tick).
+    started_at: float = 0.0
 
 
 _instances: dict[str, dg.DagsterInstance] = {}

@@ -29,6 +29,7 @@ from photon_assets.work_unit import (
     TAG_STREAM,
     TAG_WORK_UNIT,
     WorkUnitMaker,
+    log_run_finished_since,
     log_runs_in_flight,
     work_units_failed_for_good,
     work_units_in_flight,
@@ -129,15 +130,37 @@ def tailed_ranges(ranges: list[tuple[str, int, int]], tailed: dict[str, int]) ->
 
 
 def query_run_deferred(stream: str, ranges: list, cursor: dict, tail: QueryTail, settings: PipelineSettings,
-                       now: float) -> bool:
-    """While a query tailer feeds the memory tier, the query log dispatcher cuts at most every
-    `query_run_every_seconds` (sooner once a catch-up unit's worth waits): its runs build the
-    durable tier, off the click path."""
+                       now: float, click_path_cold: bool) -> str:
+    """Why the query log dispatcher cuts nothing now ('' when it cuts). While a query tailer feeds
+    the memory tier, the query runs only build the durable tier, off the click path: they are cut at
+    most every `query_run_every_seconds`, and not while `click_path_cold` (this process's first click
+    run has not ended: that run pays the JVM's start, 15-17 s at 1,000 clicks/s, and a query run cut
+    at the first tick paid its own beside it on the same two cores; cut after it, the first query run
+    meets warm click runs). Either gives way once a catch-up unit's worth waits."""
     if stream != "query" or not ranges or not tail.fresh():
+        return ""
+    if sum(end - start for _, start, end in ranges) >= settings.query_catch_up_work_unit_bytes:
+        return ""
+    if click_path_cold:
+        return "the query tailer feeds the memory tier and this process's first click run has not ended: " \
+               "the durable tier's first unit waits for it"
+    if now - cursor.get("cut_at", 0.0) < settings.query_run_every_seconds:
+        return f"the query tailer feeds the memory tier: the durable tier is cut every {settings.query_run_every_seconds:.0f} s"
+    return ""
+
+
+def click_path_cold(instance: dg.DagsterInstance, dc: str, cursor: dict, started_at: float, settings: PipelineSettings,
+                    now: float) -> bool:
+    """Whether this process (started at `started_at`; 0: no start to mind) has yet to see one of the
+    datacenter's click runs end: while its first one runs, or, before that one starts, within
+    `query_run_every_seconds` of the start (with no click to join, the durable tier waits no longer
+    than its cadence). Once warm, recorded in the cursor."""
+    if not started_at or cursor.get("warm_since") == started_at:
         return False
-    waiting = sum(end - start for _, start, end in ranges)
-    return (waiting < settings.query_catch_up_work_unit_bytes
-            and now - cursor.get("cut_at", 0.0) < settings.query_run_every_seconds)
+    if log_run_finished_since(instance, dc, "click", started_at):
+        cursor["warm_since"] = started_at
+        return False
+    return log_runs_in_flight(instance, dc, "click") > 0 or now - started_at < settings.query_run_every_seconds
 
 
 def pace_clicks(maker: WorkUnitMaker, ranges: list[tuple[str, int, int]], held_before: dict[str, list],
@@ -226,7 +249,7 @@ def log_dispatcher(dc: str, stream: str, data_dir: str, deps: SensorDeps) -> dg.
         maker = WorkUnitMaker(DataLayout(Path(data_dir)), dc, stream, deps.registry, deps.settings)
         if stream == "click" and deps.ticked_by_daemon:
             await_run_end(sensor_instance(context), maker)
-        return dispatch(context, maker)
+        return dispatch(context, maker, deps.started_at)
 
     return _dispatcher
 
@@ -255,7 +278,7 @@ class Held:
     skipped: list = field(default_factory=list)  # ranges another datacenter finished: recorded, no run
 
 
-def dispatch(context: dg.SensorEvaluationContext, maker: WorkUnitMaker) -> dg.SensorResult:
+def dispatch(context: dg.SensorEvaluationContext, maker: WorkUnitMaker, started_at: float = 0.0) -> dg.SensorResult:
     """One tick of a log dispatcher: new complete lines cut into work units (held back by
     back-pressure, the query runs' cadence or pacing; only this datacenter's share), recorded and
     claimed before their runs are requested, with the retries of failed units."""
@@ -265,7 +288,7 @@ def dispatch(context: dg.SensorEvaluationContext, maker: WorkUnitMaker) -> dg.Se
     instance = sensor_instance(context)
     # Held from reading the offsets to the append: a catch-up run may cut units too.
     with maker.locked() as log:
-        held = cut_now(context, instance, maker, log, cursor)
+        held = cut_now(context, instance, maker, log, cursor, started_at)
         ranges, skipped = held.ranges, held.skipped
         max_bytes = work_unit_bytes(stream, sum(end - start for _, start, end in ranges), settings)
         stream_dir = maker.layout.stream_dir(dc, stream)
@@ -282,7 +305,7 @@ def dispatch(context: dg.SensorEvaluationContext, maker: WorkUnitMaker) -> dg.Se
 
 
 def cut_now(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, maker: WorkUnitMaker, log: WorkUnitLog,
-            cursor: dict) -> Held:
+            cursor: dict, started_at: float = 0.0) -> Held:
     """The new lines to cut this tick: none under back-pressure or while the query tailer makes the
     query runs wait for their cadence; click lines ahead of the query stream held back (pacing)."""
     dc, stream, settings, layout = maker.dc, maker.stream, maker.settings, maker.layout
@@ -292,15 +315,17 @@ def cut_now(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, m
     tail = QueryTail.load(layout.query_tail_file(dc))
     if stream == "query" and tail.fresh():
         ranges = tailed_ranges(ranges, tail.offsets)
-    deferred = query_run_deferred(stream, ranges, cursor, tail, settings, time.time())
+    now = time.time()
+    cold = (stream == "query" and bool(ranges) and tail.fresh()
+            and click_path_cold(instance, dc, cursor, started_at, settings, now))
+    deferred = query_run_deferred(stream, ranges, cursor, tail, settings, now, cold)
     if stream == "query":
-        cursor["deferred"] = deferred
+        cursor["deferred"] = bool(deferred)
     if backed_up:
         return Held([], f"back-pressure: {in_flight} work unit(s) of logs/{dc}/{stream}/ queued or running; "
                         "new lines are cut when one finishes")
     if deferred:
-        return Held([], f"the query tailer feeds the memory tier: logs/{dc}/query/ is cut for the durable "
-                        f"tier every {settings.query_run_every_seconds:.0f} s")
+        return Held([], f"logs/{dc}/query/: {deferred}")
     if stream != "click":
         return Held(ranges)
     return paced_share(context, instance, maker, ranges, cursor, tail)

@@ -105,16 +105,26 @@ def test_flink_missing_its_environment_is_refused_before_any_system_runs(tmp_pat
 def test_a_click_run_beside_upkeep_is_held_by_its_seconds_above_the_line_of_those_alone():
     """Item 5's measure (benchmarks/latency_stages.py: holds): click runs alone cost 1 s + 0.1 ms a
     click; one overlapping a maintenance run took 2 s more than that, one overlapping an aggregates
-    refresh 0.5 s more; a run before or after them counts as alone."""
-    alone = [{"start": 100.0 * i, "end": 100.0 * i + 1 + 0.0001 * c, "clicks": c} for i, c in enumerate([1000, 3000, 5000, 7000])]
+    refresh 0.5 s more; a run before or after them counts as alone. The cold start counts in no line:
+    the first click run (15 s, beside the first query run), and one beside the first maintenance run
+    (6 s)."""
+    cold = {"start": 10.0, "end": 25.0, "clicks": 1000}
+    alone = [{"start": 100.0 * i, "end": 100.0 * i + 1 + 0.0001 * c, "clicks": c} for i, c in enumerate([1000, 3000, 5000, 7000], 1)]
+    first_maintained = {"start": 600.0, "end": 606.0, "clicks": 5000}
     maintained = {"start": 1000.0, "end": 1000.0 + 1.5 + 2, "clicks": 5000}
     refreshed = {"start": 2000.0, "end": 2000.0 + 1.2 + 0.5, "clicks": 2000}
-    beside = [("maintenance", 999.0, 1001.0), ("aggregates", 2001.0, 2010.0), ("maintenance", 3000.0, 3001.0)]
-    found = latency_stages.holds([*alone, maintained, refreshed], beside)
+    beside = [("query", 12.0, 20.0), ("maintenance", 599.0, 601.0), ("maintenance", 999.0, 1001.0),
+              ("aggregates", 1500.0, 1510.0), ("aggregates", 2001.0, 2010.0), ("maintenance", 3000.0, 3001.0)]
+    found = latency_stages.holds([*alone, maintained, refreshed, cold, first_maintained], beside)
     assert found["alone"]["click_runs"] == 4 and abs(found["alone"]["hold_max_seconds"]) < 0.01
     assert found["maintenance"] == {"click_runs": 1, "hold_p50_seconds": 2.0, "hold_p90_seconds": 2.0, "hold_max_seconds": 2.0}
     assert found["aggregates"]["hold_p50_seconds"] == 0.5
-    assert latency_stages.holds(alone[:2], beside) == {"click_runs": 2, "alone": {"click_runs": 2}}
+    assert found["cold_start"] == {"click_runs": 2, "seconds_max": 15.0, "runs": [
+        {"seconds": 15.0, "clicks": 1000, "beside": ["query"]}, {"seconds": 6.0, "clicks": 5000, "beside": ["maintenance"]}]}
+    assert "query" not in found and set(latency_stages.hold_criterion(found)) == {"maintenance", "aggregates"}
+    assert latency_stages.holds([cold, *alone[:2]], beside) == {
+        "click_runs": 3, "alone": {"click_runs": 2},
+        "cold_start": {"click_runs": 1, "seconds_max": 15.0, "runs": [{"seconds": 15.0, "clicks": 1000, "beside": ["query"]}]}}
 
 
 def test_the_memory_sampler_counts_a_forked_family_afresh_and_only_settled_passes():

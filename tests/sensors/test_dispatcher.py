@@ -394,6 +394,60 @@ def test_with_a_query_tailer_the_query_dispatcher_cuts_for_the_durable_tier_at_i
     assert [r.run_key for r in evaluate(sensor, instance, cursor=cursor).run_requests] == ["dc1.query.00000003"]
 
 
+
+def test_a_fresh_process_starts_no_durable_tier_run_beside_its_first_click_run(tmp_path, instance):
+    layout = DataLayout(tmp_path)
+    query_file = layout.stream_dir("dc1", "query") / "w" / "0.jsonl"
+    write_lines(query_file, [query("10.1.0.1:7:1", 1)])
+    QueryTail(offsets={"w/0.jsonl": query_file.stat().st_size}, part=1, updated_at=time.time()).save(
+        layout.query_tail_file("dc1"))
+    registry = IdRegistryResource(data_dir=instance.root_directory)
+    click_tags = {TAG_DC: "dc1", TAG_STREAM: "click", TAG_KIND: "log_ranges", TAG_WORK_UNIT: "dc1.click.00000000"}
+
+    cursor = None
+
+    def tick(started_at: float, **settings) -> dg.SensorResult:  # ticks one after another, as one sensor's
+        nonlocal cursor
+        deps = SensorDeps(PipelineSettings(**settings), registry.get, started_at=started_at)
+        result = log_dispatcher("dc1", "query", str(tmp_path), deps)(dg.build_sensor_context(instance=instance, cursor=cursor))
+        cursor = result.cursor
+        return result
+
+    started = time.time()
+    # Before any click run, within the cadence of the start: the durable tier waits (its JVM is cold).
+    before = tick(started)
+    assert before.run_requests == [] and "first click run has not ended" in before.skip_reason.skip_message
+    assert json.loads(before.cursor)["deferred"]
+    # With no click to join it waits no longer than the cadence.
+    [late] = tick(started - PipelineSettings().query_run_every_seconds - 1).run_requests
+    assert late.run_key == "dc1.query.00000000"
+    write_lines(query_file, [query("10.1.0.1:7:2", 2)])
+    QueryTail(offsets={"w/0.jsonl": query_file.stat().st_size}, part=2, updated_at=time.time()).save(
+        layout.query_tail_file("dc1"))
+    # Its first click run under way, however long after the start: the durable tier waits for it,
+    # unless a catch-up unit's worth waits.
+    run = create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.STARTED, tags=click_tags)
+    long_ago = started - 600
+    assert tick(long_ago).run_requests == [] and json.loads(cursor)["deferred"]
+    assert [r.run_key for r in tick(long_ago, query_catch_up_work_unit_bytes=10).run_requests] == ["dc1.query.00000001"]
+    write_lines(query_file, [query("10.1.0.1:7:3", 3)])
+    QueryTail(offsets={"w/0.jsonl": query_file.stat().st_size}, part=3, updated_at=time.time()).save(
+        layout.query_tail_file("dc1"))
+    # It ended: the process is warm for good (the cursor says so); the lines wait for the cadence alone.
+    instance.report_run_canceled(run)
+    warm = tick(long_ago)
+    assert warm.run_requests == [] and "is cut every" in warm.skip_reason.skip_message
+    assert json.loads(cursor)["warm_since"] == long_ago
+    cursor = json.dumps({**json.loads(cursor), "cut_at": 0.0})
+    assert [r.run_key for r in tick(long_ago).run_requests] == ["dc1.query.00000002"]
+    # A process with no start to mind (0) never waits for a click run.
+    create_run_for_test(instance, job_name=JOIN_CLICKS_JOB, status=dg.DagsterRunStatus.STARTED, tags=click_tags)
+    write_lines(query_file, [query("10.1.0.1:7:4", 4)])
+    QueryTail(offsets={"w/0.jsonl": query_file.stat().st_size}, part=4, updated_at=time.time()).save(
+        layout.query_tail_file("dc1"))
+    cursor = json.dumps({**json.loads(cursor), "cut_at": 0.0})
+    assert [r.run_key for r in tick(0.0).run_requests] == ["dc1.query.00000003"]
+
 @pytest.fixture
 def registry(tmp_path):
     yield IdRegistryResource(data_dir=str(tmp_path))
