@@ -244,17 +244,19 @@ def work_units_in_flight(instance: dg.DagsterInstance) -> set[str]:
 def log_runs_in_flight(instance: dg.DagsterInstance, dc: str, stream: str) -> int:
     """Runs of one datacenter's log work units of a stream (retries included), queued or running:
     the dispatcher's back-pressure."""
-    tags = {TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: LOG_RANGES}
-    return instance.get_runs_count(dg.RunsFilter(statuses=list(UNFINISHED), tags=tags))
+    return instance.get_runs_count(dg.RunsFilter(statuses=list(UNFINISHED), tags=_log_tags(dc, stream)))
 
 
 def log_run_finished_since(instance: dg.DagsterInstance, dc: str, stream: str, since: float) -> bool:
     """Whether a run of one datacenter's log work units of a stream ended (or changed status) after
     `since` (epoch seconds), however it ended."""
-    tags = {TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: LOG_RANGES}
     after = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
     ended = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
-    return instance.get_runs_count(dg.RunsFilter(statuses=ended, tags=tags, updated_after=after)) > 0
+    return instance.get_runs_count(dg.RunsFilter(statuses=ended, tags=_log_tags(dc, stream), updated_after=after)) > 0
+
+
+def _log_tags(dc: str, stream: str) -> dict[str, str]:
+    return {TAG_DC: dc, TAG_STREAM: stream, TAG_KIND: LOG_RANGES}
 
 
 def work_units_finished_since(instance: dg.DagsterInstance, since: float) -> set[str]:

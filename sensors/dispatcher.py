@@ -16,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import dagster as dg
 
@@ -130,18 +131,19 @@ def tailed_ranges(ranges: list[tuple[str, int, int]], tailed: dict[str, int]) ->
 
 
 def query_run_deferred(stream: str, ranges: list, cursor: dict, tail: QueryTail, settings: PipelineSettings,
-                       now: float, click_path_cold: bool) -> str:
+                       now: float, click_path_cold: Callable[[], bool]) -> str:
     """Why the query log dispatcher cuts nothing now ('' when it cuts). While a query tailer feeds
     the memory tier, the query runs only build the durable tier, off the click path: they are cut at
     most every `query_run_every_seconds`, and not while `click_path_cold` (this process's first click
     run has not ended: that run pays the JVM's start, 15-17 s at 1,000 clicks/s, and a query run cut
     at the first tick paid its own beside it on the same two cores; cut after it, the first query run
-    meets warm click runs). Either gives way once a catch-up unit's worth waits."""
+    meets warm click runs; asked only when nothing else decides). Either gives way once a catch-up
+    unit's worth waits."""
     if stream != "query" or not ranges or not tail.fresh():
         return ""
     if sum(end - start for _, start, end in ranges) >= settings.query_catch_up_work_unit_bytes:
         return ""
-    if click_path_cold:
+    if click_path_cold():
         return "the query tailer feeds the memory tier and this process's first click run has not ended: " \
                "the durable tier's first unit waits for it"
     if now - cursor.get("cut_at", 0.0) < settings.query_run_every_seconds:
@@ -316,9 +318,8 @@ def cut_now(context: dg.SensorEvaluationContext, instance: dg.DagsterInstance, m
     if stream == "query" and tail.fresh():
         ranges = tailed_ranges(ranges, tail.offsets)
     now = time.time()
-    cold = (stream == "query" and bool(ranges) and tail.fresh()
-            and click_path_cold(instance, dc, cursor, started_at, settings, now))
-    deferred = query_run_deferred(stream, ranges, cursor, tail, settings, now, cold)
+    deferred = query_run_deferred(stream, ranges, cursor, tail, settings, now,
+                                  lambda: click_path_cold(instance, dc, cursor, started_at, settings, now))
     if stream == "query":
         cursor["deferred"] = bool(deferred)
     if backed_up:
