@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,12 +190,19 @@ def spread(values: list) -> dict:
 def merge(results: list[dict], check_commit=same_product_code) -> dict:
     """Rate-curve results of clean commits whose product code is HEAD's, as one: per system and rate
     (and its floor), every headline figure with each run's value and min-max; the verdicts; per system
-    the `max_rate_p90_under_10s` of each run and their min-max."""
+    the `max_rate_p90_under_10s` of each run and their min-max. Files that share no system are one
+    curve run a system at a time: combined as they are (`combined_from`), a curve like any other."""
     for run in results:
         if run["commit"].endswith("-dirty") or not check_commit(run["commit"], "HEAD"):
             raise SystemExit(f"{run['commit']}: not the product code of HEAD (or dirty); its figures cannot count")
         if "max_rate_p90_under_10s" not in run or "merged_from" in run:
             raise SystemExit(f"{run.get('benchmark')}: only rate-curve results (not merged ones) merge")
+    sources = [{"commit": r["commit"], "date": r["date"], "command": r["command"],
+                "cpu_calibration_seconds": r["machine"]["cpu_calibration_seconds"]} for r in results]
+    if max(Counter(s for run in results for s in run["systems"]).values()) == 1:
+        # One curve run system by system (a file each, to fit the machine's time): its parts side by
+        # side, one curve, not repeats.
+        return finish({"combined_from": sources, "systems": {s: row for run in results for s, row in run["systems"].items()}})
     systems = {}
     for system in sorted({s for run in results for s in run["systems"]}):
         def rows(key):
@@ -210,9 +218,7 @@ def merge(results: list[dict], check_commit=same_product_code) -> dict:
         maxima = [run["systems"].get(system, {}).get("max_rate_p90_under_10s") for run in results]
         systems[system] = {"points": rows("points"), "floor": rows("floor"),
                            "max_rate_p90_under_10s": spread(maxima)}
-    return {"merged_from": [{"commit": r["commit"], "date": r["date"], "command": r["command"],
-                             "cpu_calibration_seconds": r["machine"]["cpu_calibration_seconds"]} for r in results],
-            "systems": systems,
+    return {"merged_from": sources, "systems": systems,
             "max_rate_p90_under_10s": {s: row["max_rate_p90_under_10s"] for s, row in systems.items()}}
 
 

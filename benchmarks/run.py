@@ -65,6 +65,7 @@ sys.path.insert(0, str(REPO))  # run as a script: the project's packages and ben
 from benchmarks.latency_stages import LogSampler, click_run_cost, hold_criterion, latency_stages, upkeep_hold  # noqa: E402
 from benchmarks.result_file import RESULTS, ResultFile  # noqa: E402
 from benchmarks import rate_curve as rate_curve_module  # noqa: E402
+from benchmarks import repeats  # noqa: E402
 from benchmarks.peers import DEFAULT_BOUND, flink_environment_missing  # noqa: E402 (DEFAULT_BOUND: the streaming peers' 300 s)
 PYTHON = sys.executable
 MB = 1_000_000
@@ -1338,9 +1339,10 @@ def main() -> None:
     curve.add_argument("--systems", type=lambda s: s.split(","), default=["photon", "photon-up", "streaming", "flink"],
                        help="photon, photon-up, photon-replicated, streaming, flink")
     curve.set_defaults(keep_data=False)
-    merged = workloads.add_parser("merge", help="rate-curve results of the same product code as one (min-max)")
+    merged = workloads.add_parser("merge", help="rate-curve, live or backlog results of the same product code as one"
+                                                " (each figure's runs and min-max)")
     merged.add_argument("results", type=Path, nargs="+")
-    merged.add_argument("--name", default="rate-curve-merged")
+    merged.add_argument("--name", default=None, help="default: rate-curve-merged, or <first result's name>-repeats")
     tuning.add_argument("--settings-per-system", type=int, default=len(PEER_TUNING["flink"]),
                         help="run only the first N settings of each system (the defaults first)")
     tuning.add_argument("--only", type=lambda s: [int(n) for n in s.split(",")],
@@ -1404,10 +1406,16 @@ def main() -> None:
             rate_curve_module.chart(result, path.with_suffix(".png"), SYSTEM_LABELS)
             print(rate_curve_module.table(result))
         elif args.workload == "merge":
-            result = rate_curve_module.merge([json.loads(p.read_text()) for p in args.results])
-            path = results.renamed(args.name).write(result)
-            rate_curve_module.chart(result, path.with_suffix(".png"), SYSTEM_LABELS)
-            print(json.dumps(result["max_rate_p90_under_10s"], indent=2))
+            inputs = [json.loads(p.read_text()) for p in args.results]
+            if all("max_rate_p90_under_10s" in r for r in inputs):
+                result = rate_curve_module.merge(inputs)
+                path = results.renamed(args.name or "rate-curve-merged").write(result)
+                rate_curve_module.chart(result, path.with_suffix(".png"), SYSTEM_LABELS)
+                print(json.dumps(result["max_rate_p90_under_10s"], indent=2))
+            else:  # repeats of a live run or a backlog: a table, no chart
+                result = repeats.merge(inputs)
+                path = results.renamed(args.name or f"{inputs[0]['benchmark']}-repeats").write(result)
+                print(repeats.table(result))
         else:
             result = batch_cost(args, work)
             path = results.renamed("batch_cost").write(result)

@@ -77,6 +77,21 @@ def test_repeats_merge_with_each_runs_value_and_min_max_only_on_the_product_code
         rate_curve.merge([curve("aaa", [3.0])], check_commit=lambda a, b: False)
 
 
+def test_a_curve_run_a_system_at_a_time_combines_into_one_curve_not_repeats():
+    flink = curve("bbb", [20.0])
+    flink["systems"] = {"flink": flink["systems"]["photon"]}
+    combined = rate_curve.merge([curve("aaa", [3.0, 4.0, 12.0]), flink], check_commit=lambda a, b: True)
+    assert [c["commit"] for c in combined["combined_from"]] == ["aaa", "bbb"] and "merged_from" not in combined
+    assert combined["max_rate_p90_under_10s"] == {"photon": 500.0, "flink": None}
+    assert combined["systems"]["photon"]["points"][1]["p90_seconds"] == 4.0  # each point as run, no min-max
+    assert "| flink | 250 |" in rate_curve.table(combined)
+    # Two such curves (as written: with a result's head) are repeats of one another.
+    written = {**combined, "commit": "ccc", "date": "2026-12-07", "command": "run.py merge",
+               "machine": {"cpu_calibration_seconds": 0.05}}
+    again = rate_curve.merge([written, written], check_commit=lambda a, b: True)
+    assert again["max_rate_p90_under_10s"]["photon"] == {"runs": [500.0, 500.0], "min": 500.0, "max": 500.0}
+
+
 def test_a_click_run_beside_a_kind_of_run_may_be_held_two_seconds_past_the_worst_alone():
     upkeep = {"alone": {"click_runs": 9, "hold_max_seconds": 1.4}, "maintenance": {"click_runs": 3, "hold_max_seconds": 3.4},
               "query": {"click_runs": 5, "hold_max_seconds": 3.5}}
