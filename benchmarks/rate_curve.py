@@ -187,18 +187,29 @@ def spread(values: list) -> dict:
     return {"runs": values, "min": min(present, default=None), "max": max(present, default=None)}
 
 
+def require_product_code_of_head(results: list[dict], check_commit=same_product_code) -> None:
+    """Only figures of clean commits with the product code checked out count toward it."""
+    for run in results:
+        if run["commit"].endswith("-dirty") or not check_commit(run["commit"], "HEAD"):
+            raise SystemExit(f"{run['commit']}: not the product code of HEAD (or dirty); its figures cannot count")
+
+
+def merged_from(results: list[dict]) -> list[dict]:
+    """What a merged result names of each run it holds: its commit, date, command and the machine's speed."""
+    return [{"commit": r["commit"], "date": r["date"], "command": r["command"],
+             "cpu_calibration_seconds": r["machine"]["cpu_calibration_seconds"]} for r in results]
+
+
 def merge(results: list[dict], check_commit=same_product_code) -> dict:
     """Rate-curve results of clean commits whose product code is HEAD's, as one: per system and rate
     (and its floor), every headline figure with each run's value and min-max; the verdicts; per system
     the `max_rate_p90_under_10s` of each run and their min-max. Files that share no system are one
     curve run a system at a time: combined as they are (`combined_from`), a curve like any other."""
+    require_product_code_of_head(results, check_commit)
     for run in results:
-        if run["commit"].endswith("-dirty") or not check_commit(run["commit"], "HEAD"):
-            raise SystemExit(f"{run['commit']}: not the product code of HEAD (or dirty); its figures cannot count")
         if "max_rate_p90_under_10s" not in run or "merged_from" in run:
             raise SystemExit(f"{run.get('benchmark')}: only rate-curve results (not merged ones) merge")
-    sources = [{"commit": r["commit"], "date": r["date"], "command": r["command"],
-                "cpu_calibration_seconds": r["machine"]["cpu_calibration_seconds"]} for r in results]
+    sources = merged_from(results)
     if max(Counter(s for run in results for s in run["systems"]).values()) == 1:
         # One curve run system by system (a file each, to fit the machine's time): its parts side by
         # side, one curve, not repeats.

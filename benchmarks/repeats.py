@@ -8,7 +8,7 @@ The figures kept per system are the ones the README cites and the issue's criter
 
 from __future__ import annotations
 
-from benchmarks.rate_curve import same_product_code, spread
+from benchmarks.rate_curve import merged_from, require_product_code_of_head, same_product_code, spread
 
 # Where each figure is in one system's row of a result (a path of keys).
 LIVE_FIGURES = {
@@ -80,16 +80,13 @@ def merge(results: list[dict], check_commit=same_product_code) -> dict:
     kinds = {kind(r) for r in results}
     if len(kinds) != 1:
         raise SystemExit(f"results of different benchmarks do not merge: {sorted(kinds)}")
-    for run in results:
-        if run["commit"].endswith("-dirty") or not check_commit(run["commit"], "HEAD"):
-            raise SystemExit(f"{run['commit']}: not the product code of HEAD (or dirty); its figures cannot count")
+    require_product_code_of_head(results, check_commit)
     workloads = {tuple(sorted((k, str(v)) for k, v in r["workload"].items() if k != "input_bytes")) for r in results}
     if len(workloads) != 1:
         raise SystemExit("the runs' workloads differ; only repeats of one workload merge")
     live = kinds == {"live"}
     return {"repeats_of": "live" if live else "backlog", "workload": results[0]["workload"],
-            "merged_from": [{"commit": r["commit"], "date": r["date"], "command": r["command"],
-                             "cpu_calibration_seconds": r["machine"]["cpu_calibration_seconds"]} for r in results],
+            "merged_from": merged_from(results),
             "systems": system_rows(results, LIVE_FIGURES if live else BACKLOG_FIGURES,
                                    live_criteria if live else None)}
 
