@@ -160,6 +160,14 @@ COLLECTOR_OPTION = re.compile(r"-XX:\+Use\w+GC\b")
 # 2026-12-02); the latency unchanged both times (docs/STACK.md; benchmarks/README.md, issue 42
 # rounds twenty-three and twenty-seven).
 COLLECTOR = "-XX:+UseSerialGC"
+# How much free heap the collector keeps, unless PHOTON_JVM_OPTIONS says: after a full collection it
+# grows the heap until at least MinHeapFreeRatio % is free and shrinks it while more than MaxHeapFreeRatio %
+# is (Java's defaults, 40 and 70). A live `photon up`'s Connect server holds 130-350 MB after a full
+# collection, yet one passing peak grew its heap from 374 to 637 MB for good (a 10-minute probe). With
+# these bounds its peak PSS over 15 minutes at 1,000 clicks/s was 1.21 GiB, against 1.36-1.46 GiB in the
+# two runs before, and the deployment's 3.92 GiB against 4.03 (2026-12-07, benchmarks/README.md).
+HEAP_FREE_OPTION = re.compile(r"-XX:(Min|Max)HeapFreeRatio=")
+HEAP_FREE_OPTIONS = ["-XX:MinHeapFreeRatio=20", "-XX:MaxHeapFreeRatio=40"]
 # How the JIT compiles, unless PHOTON_JVM_OPTIONS says (any tiered-compilation option): C2 compiles
 # a method once it ran ten times as often as Java's default asks. On two slow cores the one C2 thread
 # could not keep up with what the pipeline warms (Spark's planning, Delta's commits, Janino, Parquet):
@@ -181,10 +189,11 @@ ARROW_OPTIONS = ["-Darrow.enable_unsafe_memory_access=true", "-Darrow.enable_nul
 def jvm_options() -> dict[str, str]:
     """PHOTON_JVM_OPTIONS and the class archive (resources/spark/class_archive.py) for the driver, and for
     executors where they are JVMs of their own (a standalone cluster's); before them, COLLECTOR,
-    JIT_OPTIONS and ARROW_OPTIONS, each unless PHOTON_JVM_OPTIONS has one of its own, and the mapping
+    HEAP_FREE_OPTIONS, JIT_OPTIONS and ARROW_OPTIONS, each unless PHOTON_JVM_OPTIONS has one of its own, and the mapping
     of thread priorities where the task priority plugin is loaded (resources/spark/task_priority.py)."""
     user_options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
     chosen = [] if COLLECTOR_OPTION.search(user_options) else [COLLECTOR]
+    chosen += [] if HEAP_FREE_OPTION.search(user_options) else HEAP_FREE_OPTIONS
     chosen += [] if JIT_OPTION.search(user_options) else JIT_OPTIONS
     chosen += [] if ARROW_OPTION.search(user_options) else ARROW_OPTIONS
     chosen += priority_options()

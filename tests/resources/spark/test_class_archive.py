@@ -6,11 +6,11 @@ from pathlib import Path
 from resources.spark import class_archive
 from resources.spark.class_archive import archive_options, archive_path
 from resources.spark.connect_server import server_command
-from resources.spark.session import ARROW_OPTIONS, COLLECTOR, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
+from resources.spark.session import ARROW_OPTIONS, COLLECTOR, HEAP_FREE_OPTIONS, JIT_OPTIONS, JVM_OPTIONS_ENV, local_conf
 from resources.spark.task_priority import priority_options
 from tests.conftest import java_descendants
 
-DEFAULTS = " ".join([*JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
+DEFAULTS = " ".join([*HEAP_FREE_OPTIONS, *JIT_OPTIONS, *ARROW_OPTIONS, *priority_options()])
 
 
 def test_the_archive_reaches_both_modes_only_when_it_exists_and_sharing_is_not_decided_already(tmp_path, monkeypatch):
