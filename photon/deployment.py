@@ -68,8 +68,8 @@ run_coordinator:
       - key: photon/uses_registry
         value: "true"
         limit: 1
-      # Work kept off the click path (query runs, aggregates refresh, table maintenance, table checks;
-      # photon_assets/jobs.py) one run at a time: a click run has one such run beside it at most.
+      # Work kept off the click path (aggregates refresh, table maintenance, table checks;
+      # photon_assets/jobs.py) takes one slot at most: the third.
       - key: photon/off_click_path
         value: "true"
         limit: 1

@@ -25,22 +25,17 @@ VERIFY_JOB = "verify"
 # registry service (`photon up`, PHOTON_REGISTRY_ADDRESS) no run opens the file: no tag, no limit.
 REGISTRY_TAGS = {"photon/uses_registry": "true"} if registry_mode_from_env() == "embedded" else {}
 # The work units' runs are the latency path: under the daemon's queue they go before the runs kept
-# off it (aggregates, maintenance, checks), and dagster.yaml (photon/deployment.py) gives them two of its
+# off it (aggregates, maintenance, checks), and dagster.yaml (photon/runner.py) gives them two of its
 # three run slots (by their `photon/work_unit` tag), the runs off the click path the third: neither
 # kind waits for the other's slot.
 WORK_UNIT_TAGS = {**REGISTRY_TAGS, "dagster/priority": "1"}
 OFF_CLICK_PATH_TAGS = {"photon/off_click_path": "true"}
-# A query run is off the click path too while a query tailer feeds the memory tier (clicks are looked up
-# there, not in the durable tier it builds) and counts with that work: one such run at a time beside the
-# click runs. Two at once (a query run and a table maintenance) held a live `photon up`'s click run
-# 4.53 s, against 1.31 s for click runs alone (benchmarks/README.md, 2026-12-07).
-QUERY_RUN_TAGS = {**WORK_UNIT_TAGS, **OFF_CLICK_PATH_TAGS}
 
 ingest_queries_job = dg.define_asset_job(
     INGEST_QUERIES_JOB,
     selection=dg.AssetSelection.assets("query_logs", "log_file_map").without_checks(),
     executor_def=dg.in_process_executor,
-    tags=QUERY_RUN_TAGS,
+    tags=WORK_UNIT_TAGS,  # a query run puts its lines in the memory tier, held by the registry
     description="Parse one work unit of query logs into query_logs and log_file_map.",
 )
 
