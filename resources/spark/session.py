@@ -165,7 +165,7 @@ COLLECTOR = "-XX:+UseSerialGC"
 # is (Java's defaults, 40 and 70). A live `photon up`'s Connect server holds 130-350 MB after a full
 # collection, yet one passing peak grew its heap from 374 to 637 MB for good (a 10-minute probe). With
 # these bounds its peak PSS over 15 minutes at 1,000 clicks/s was 1.21 GiB, against 1.36-1.46 GiB in the
-# two runs before, and the deployment's 3.92 GiB against 4.03 (2026-12-07, benchmarks/README.md).
+# two runs before (a probe whose queue also differed, since reverted: 2026-12-07, benchmarks/README.md).
 HEAP_FREE_OPTION = re.compile(r"-XX:(Min|Max)HeapFreeRatio=")
 HEAP_FREE_OPTIONS = ["-XX:MinHeapFreeRatio=20", "-XX:MaxHeapFreeRatio=40"]
 # How the JIT compiles, unless PHOTON_JVM_OPTIONS says (any tiered-compilation option): C2 compiles
