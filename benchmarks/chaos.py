@@ -537,6 +537,8 @@ def main() -> None:
     server, remote = shared_spark_connect() if any(s.mode == "run" for s in plan) else (None, None)
     records: list[dict] = []
     planned = {"scenarios_planned": len(plan)}
+    if args.work_dir is not None:
+        args.work_dir.mkdir(parents=True, exist_ok=True)  # tempfile needs it to exist
     try:
         with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
             for s in plan:
