@@ -186,18 +186,19 @@ ARROW_OPTION = re.compile(r"-Darrow\.")
 ARROW_OPTIONS = ["-Darrow.enable_unsafe_memory_access=true", "-Darrow.enable_null_check_for_get=false"]
 
 
+# Photon's JVM options, in order, each with what in PHOTON_JVM_OPTIONS replaces it.
+DEFAULT_JVM_OPTIONS = [(COLLECTOR_OPTION, [COLLECTOR]), (HEAP_FREE_OPTION, HEAP_FREE_OPTIONS), (JIT_OPTION, JIT_OPTIONS),
+                       (ARROW_OPTION, ARROW_OPTIONS)]
+
+
 def jvm_options() -> dict[str, str]:
     """PHOTON_JVM_OPTIONS and the class archive (resources/spark/class_archive.py) for the driver, and for
-    executors where they are JVMs of their own (a standalone cluster's); before them, COLLECTOR,
-    HEAP_FREE_OPTIONS, JIT_OPTIONS and ARROW_OPTIONS, each unless PHOTON_JVM_OPTIONS has one of its own, and the mapping
-    of thread priorities where the task priority plugin is loaded (resources/spark/task_priority.py)."""
+    executors where they are JVMs of their own (a standalone cluster's); before them, DEFAULT_JVM_OPTIONS,
+    each unless PHOTON_JVM_OPTIONS has one of its own, and the mapping of thread priorities where the task
+    priority plugin is loaded (resources/spark/task_priority.py)."""
     user_options = os.environ.get(JVM_OPTIONS_ENV, "").strip()
-    chosen = [] if COLLECTOR_OPTION.search(user_options) else [COLLECTOR]
-    chosen += [] if HEAP_FREE_OPTION.search(user_options) else HEAP_FREE_OPTIONS
-    chosen += [] if JIT_OPTION.search(user_options) else JIT_OPTIONS
-    chosen += [] if ARROW_OPTION.search(user_options) else ARROW_OPTIONS
-    chosen += priority_options()
-    options = " ".join(o for o in [*chosen, user_options, *archive_options(user_options)] if o)
+    chosen = [o for replaced_by, defaults in DEFAULT_JVM_OPTIONS if not replaced_by.search(user_options) for o in defaults]
+    options = " ".join(o for o in [*chosen, *priority_options(), user_options, *archive_options(user_options)] if o)
     return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options}
 
 
