@@ -56,6 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.rate_curve import require_product_code_of_head  # noqa: E402
 from benchmarks.result_file import ResultFile  # noqa: E402
 from resources.runtime.process_groups import stop_group  # noqa: E402
 from resources.spark.connect_server import SERVER_MARKER  # noqa: E402
@@ -471,21 +472,11 @@ def summary(records: list[dict], wall: float) -> dict:
     }
 
 
-# What a scenario runs: everything but the tool's own folder, the tests and the docs.
-PRODUCT_PATHS = [".", ":(exclude)benchmarks", ":(exclude)tests", ":(exclude)docs", ":(exclude)*.md"]
-
-
-def same_product_code(a: str, b: str) -> bool:
-    return subprocess.run(["git", "diff", "--quiet", a, b, "--", *PRODUCT_PATHS], cwd=REPO).returncode == 0
-
-
 def merge(paths: list[Path]) -> dict:
     """One result of several runs: allowed only when each ran on clean commits whose product code is
     the code checked out now (the seeds must not repeat), so that the result holds for this code."""
     runs = [json.loads(path.read_text()) for path in paths]
-    for run in runs:
-        if run["commit"].endswith("-dirty") or not same_product_code(run["commit"], "HEAD"):
-            raise SystemExit(f"{run['commit']}: not the product code of HEAD (or dirty); its scenarios cannot count")
+    require_product_code_of_head(runs)
     records = [r for run in runs for r in run["records"]]
     seeds = Counter(r["seed"] for r in records)
     if max(seeds.values()) > 1:
