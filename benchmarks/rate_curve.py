@@ -200,6 +200,11 @@ def merged_from(results: list[dict]) -> list[dict]:
              "cpu_calibration_seconds": r["machine"]["cpu_calibration_seconds"]} for r in results]
 
 
+def is_rate_curve(result: dict) -> bool:
+    """A rate-curve result (its own or merged): the one thing every such file carries is the verdict."""
+    return "max_rate_p90_under_10s" in result
+
+
 def merge(results: list[dict], check_commit=same_product_code) -> dict:
     """Rate-curve results of clean commits whose product code is HEAD's, as one: per system and rate
     (and its floor), every headline figure with each run's value and min-max; the verdicts; per system
@@ -207,7 +212,7 @@ def merge(results: list[dict], check_commit=same_product_code) -> dict:
     curve run a system at a time: combined as they are (`combined_from`), a curve like any other."""
     require_product_code_of_head(results, check_commit)
     for run in results:
-        if "max_rate_p90_under_10s" not in run or "merged_from" in run:
+        if not is_rate_curve(run) or "merged_from" in run:
             raise SystemExit(f"{run.get('benchmark')}: only rate-curve results (not merged ones) merge")
     sources = merged_from(results)
     if max(Counter(s for run in results for s in run["systems"]).values()) == 1:

@@ -8,7 +8,7 @@ The figures kept per system are the ones the README cites and the issue's criter
 
 from __future__ import annotations
 
-from benchmarks.rate_curve import merged_from, require_product_code_of_head, same_product_code, spread
+from benchmarks.rate_curve import is_rate_curve, merged_from, require_product_code_of_head, same_product_code, spread
 
 # Where each figure is in one system's row of a result (a path of keys).
 LIVE_FIGURES = {
@@ -32,7 +32,7 @@ BACKLOG_FIGURES = {
 
 def kind(result: dict) -> str:
     """`live` or `backlog`, by the shape of the result (a live result's name is the run's --name)."""
-    if "merged_from" in result or "max_rate_p90_under_10s" in result:
+    if "merged_from" in result or is_rate_curve(result):
         raise SystemExit(f"{result.get('benchmark')}: a merged result or a rate curve (rate curves merge by"
                          " rate_curve.merge)")
     if "rate_clicks_per_second" in result.get("workload", {}):

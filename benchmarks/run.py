@@ -1407,7 +1407,7 @@ def main() -> None:
             print(rate_curve_module.table(result))
         elif args.workload == "merge":
             inputs = [json.loads(p.read_text()) for p in args.results]
-            if all("max_rate_p90_under_10s" in r for r in inputs):
+            if all(rate_curve_module.is_rate_curve(r) for r in inputs):
                 result = rate_curve_module.merge(inputs)
                 path = results.renamed(args.name or "rate-curve-merged").write(result)
                 rate_curve_module.chart(result, path.with_suffix(".png"), SYSTEM_LABELS)
