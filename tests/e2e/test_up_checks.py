@@ -143,7 +143,7 @@ def checked_beside_a_click_run(url: str, instance: dg.DagsterInstance) -> bool:
     API) whenever a click run is queued or under way and no check run is: the table checker's own runs
     come on its cadence, and may all fall between click runs (a loaded CI machine saw six click runs and
     five check runs, none overlapping). A check run launched as a click run is queued or starts takes
-    the off-click-path slot of the run queue (photon/runner.py) and runs its ~2 s beside that click run."""
+    the off-click-path slot of the run queue (photon/deployment.py: instance_yaml) and runs its ~2 s beside that click run."""
     if overlapping(instance, CHECK_TABLES_JOB, JOIN_CLICKS_JOB) >= 1:
         return True
     unfinished = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,

@@ -1,4 +1,4 @@
-"""The run queue `photon up` configures (photon/runner.py: DAGSTER_YAML): two slots for the work
+"""The run queue `photon up` configures (photon/deployment.py: instance_yaml): two slots for the work
 units, the third for the work kept off the click path. Judged by Dagster's own counter of tag limits,
 the one its queued run coordinator applies, over runs tagged as the dispatchers and jobs tag them."""
 
