@@ -1,11 +1,13 @@
 """Issue 73's harness, its pure parts: a rate held or not, `max_rate_p90_under_10s`, merging repeats,
 CPU of a process tree, the replayer's plan, pacing and timestamp shift, the shipper's complete files."""
 
+import copy
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -37,10 +39,14 @@ def test_a_rate_is_held_with_p90_under_10_s_every_click_joined_and_no_drift():
     assert not rate_curve.verdict(run_of(None, STEADY), 1000, 600)["held"]  # over 10 % never visible
     missed = rate_curve.verdict(run_of(6.0, STEADY, joined=99), 1000, 600)
     assert missed["reasons"] == ["1 joinable clicks not joined by the drain timeout"]
-    # The last full minute (9 of a 600 s run) against the second (1): 1.5x at most.
-    climbing = rate_curve.verdict(run_of(6.0, {**STEADY, 1: 4.0, 9: 6.1}), 1000, 600)
+    # The median of the last three full minutes (7-9 of a 600 s run) against that of minutes 1-3: 1.5x at most.
+    climbing = rate_curve.verdict(run_of(6.0, {**STEADY, 1: 4.0, 2: 4.0, 8: 6.1, 9: 6.1}), 1000, 600)
     assert not climbing["held"] and climbing["drift"]["ratio"] == 1.525
-    assert rate_curve.verdict(run_of(6.0, {**STEADY, 1: 4.0, 9: 6.0}), 1000, 600)["held"]
+    assert rate_curve.verdict(run_of(6.0, {**STEADY, 1: 4.0, 2: 4.0, 8: 6.0, 9: 6.0}), 1000, 600)["held"]
+    # One minute's spike does not judge (Photon's 1,000 clicks/s minutes); the one-minute ratio is kept.
+    spike = rate_curve.verdict(run_of(5.0, {0: 11.45, 1: 3.78, 2: 4.13, 3: 5.68, 4: 4.5, 5: 4.99, 6: 4.74,
+                                            7: 4.32, 8: 5.06, 9: 5.8}), 1000, 600)
+    assert spike["held"] and spike["drift"]["ratio"] == 1.225 and spike["drift"]["single_minute_ratio"] == 1.534
     # A run too short for a second minute to compare with is judged on the rest.
     assert rate_curve.verdict(run_of(6.0, {0: 9.0}), 1000, 30)["drift"]["ratio"] is None
     # A feed that fell behind means the rate was not tried: not held.
@@ -52,6 +58,46 @@ def test_the_highest_rate_held_is_the_systems_max_rate_and_none_when_none_held()
     assert rate_curve.max_rate_p90_under_10s(points) == 500
     assert rate_curve.max_rate_p90_under_10s(points[2:]) is None
     assert points[0]["p90_by_minute_seconds"]["9"] == 5.0 and points[0]["cpu_seconds_per_1000_joined_clicks"] == 300.0
+
+
+def test_a_curve_cut_short_goes_on_with_its_runs_re_judged_and_only_what_it_lacks_run(tmp_path):
+    args = SimpleNamespace(systems=["photon", "streaming"], rates=[250.0, 500.0, 1000.0], feed="gen", floors=True,
+                           duration_s=600, drain_timeout_s=300, seed=7, peer_rotate_seconds=1.0,
+                           late_query_share=0.0, resume=None, keep_pregenerated=False)
+    p90s = {("photon", 250.0): 3.0, ("photon-floor", 250.0): 1.0, ("photon", 500.0): 4.0,
+            ("streaming", 250.0): 12.0, ("streaming-floor", 250.0): 2.0,
+            ("photon-floor", 500.0): 1.0, ("photon", 1000.0): 11.0, ("photon-floor", 1000.0): 1.0}
+    ran = []
+
+    def live_run(name, rate_args, work):
+        ran.append((name, rate_args.rate))
+        if (name, rate_args.rate) == ("photon", 500.0):  # cut short here: the floor at 500 never ran
+            raise KeyboardInterrupt
+        return {**run_of(p90s[(name, rate_args.rate)], STEADY), "backlog_bytes": [1, 2]}
+
+    written = []
+    with pytest.raises(KeyboardInterrupt):
+        rate_curve.rate_curve(args, tmp_path, live_run, written.append)
+    cut = {**copy.deepcopy(written[-1]), "commit": "abc1234", "date": "2026-12-07", "command": "run.py rate-curve"}
+    cut["systems"]["photon"]["points"][0]["verdict"] = {"held": False, "reasons": ["an older verdict"]}
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    ran.clear()
+    p90s[("photon", 500.0)] = 4.0
+
+    def live_run_ok(name, rate_args, work):
+        ran.append((name, rate_args.rate))
+        return run_of(p90s[(name, rate_args.rate)], STEADY)
+
+    result = rate_curve.rate_curve(SimpleNamespace(**{**vars(args), "resume": str(tmp_path / "cut.json")}),
+                                   tmp_path, live_run_ok, lambda r: None)
+    # Streaming stopped at 250 before the cut; Photon's 250 and its floor are kept, re-judged as held.
+    assert ran == [("photon", 500.0), ("photon-floor", 500.0), ("photon", 1000.0), ("photon-floor", 1000.0)]
+    assert result["max_rate_p90_under_10s"] == {"photon": 500.0, "streaming": None}
+    assert [p["rate_clicks_per_second"] for p in result["systems"]["photon"]["floor"]["points"]] == [250.0, 500.0, 1000.0]
+    assert result["resumed_from"]["commit"] == "abc1234"
+    with pytest.raises(SystemExit, match="drain_timeout_seconds"):
+        rate_curve.rate_curve(SimpleNamespace(**{**vars(args), "drain_timeout_s": 600, "resume": str(tmp_path / "cut.json")}),
+                              tmp_path, live_run_ok, lambda r: None)
 
 
 def curve(commit: str, p90s: list[float]) -> dict:
