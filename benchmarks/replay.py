@@ -414,7 +414,8 @@ class Replayer:
             if pause > 0:
                 time.sleep(pause)
         late = sorted(self.lateness)
-        return {"ticks": len(late), "tick_late_seconds": {"p50": round(late[len(late) // 2], 3), "max": round(late[-1], 3)}
+        return {"ticks": len(late), "tick_late_seconds": {"p50": round(late[len(late) // 2], 3),
+                                                           "p99": round(late[len(late) * 99 // 100], 3), "max": round(late[-1], 3)}
                 if late else None}
 
 

@@ -145,7 +145,8 @@ class TreeCpu:
     process was reparented outside the tree, or its parent ignores SIGCHLD), the process's last
     sampled time is kept apart (`carried`). What a process used after the last sample that saw it, or
     a process living less than one sample, is counted only where its parent reaped it. Per kind of
-    process (`process_kind`): own time of each, plus what its parent reaped of it."""
+    process (`process_kind`): own time of each, and what its parent reaped of it stays the child's kind's
+    (`moved`): `photon up`'s Spark JVM, reaped by `photon up` at its stop, is the JVM's time, not main's."""
 
     def __init__(self, root: int):
         self.root = root
@@ -153,6 +154,7 @@ class TreeCpu:
         self.kinds: dict[tuple[int, int], str] = {}
         self.carried = 0.0
         self.carried_by_kind: dict[str, float] = {}
+        self.moved: dict[str, float] = {}  # per kind: children's time its parents reaped, taken from the parent's kind
         self.seconds = 0.0
         self.by_kind: dict[str, float] = {}
 
@@ -175,18 +177,27 @@ class TreeCpu:
                 self._carry(key, used)
         for parent, used in gone.items():
             taken = now[parent].reaped_cpu - self.last[parent].reaped_cpu
-            if taken < used - 0.01:  # not reaped (yet) by the parent: keep what it had used
-                for key, stat in self.last.items():
-                    if key not in now and by_pid.get(stat.parent) == parent:
-                        self._carry(key, (stat.own_cpu + stat.reaped_cpu) * (1 - max(0.0, taken) / used))
+            share = min(1.0, max(0.0, taken) / used) if used > 0 else 1.0  # of the children's time, reaped
+            for key, stat in self.last.items():
+                if key not in now and by_pid.get(stat.parent) == parent:
+                    child = stat.own_cpu + stat.reaped_cpu
+                    if taken < used - 0.01:  # not reaped (yet) by the parent: keep what it had used
+                        self._carry(key, child * (1 - share))
+                    self._move(self.kinds.get(key, "gone"), self.kinds.get(parent, "gone"), child * share)
         self.last = now
         by_kind = dict(self.carried_by_kind)
+        for kind, seconds in self.moved.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + seconds
         for key, stat in now.items():
             kind = self.kinds.get(key, "gone")
             by_kind[kind] = by_kind.get(kind, 0.0) + stat.own_cpu + stat.reaped_cpu
         self.by_kind = by_kind
         self.seconds = self.carried + sum(stat.own_cpu + stat.reaped_cpu for stat in now.values())
         return self.seconds
+
+    def _move(self, to_kind: str, from_kind: str, seconds: float) -> None:
+        self.moved[to_kind] = self.moved.get(to_kind, 0.0) + seconds
+        self.moved[from_kind] = self.moved.get(from_kind, 0.0) - seconds
 
     def _carry(self, key: tuple[int, int], used: float) -> None:
         self.carried += used

@@ -175,3 +175,17 @@ def test_the_rate_curve_runs_photon_rate_by_rate_on_replayed_logs(tmp_path, over
     assert len(photon["points"]) == (2 if first["verdict"]["held"] else 1)
     held = [p["rate_clicks_per_second"] for p in photon["points"] if p["verdict"]["held"]]
     assert result["max_rate_p90_under_10s"]["photon"] == (max(held) if held else None)
+
+
+def test_a_child_reaped_by_its_parent_keeps_its_own_kind_of_cpu(monkeypatch):
+    """`photon up` reaps its Spark JVM at its stop: the JVM's seconds stay the JVM's, the total unchanged."""
+    kinds = {1: "main", 2: "jvm", 3: "python"}
+    monkeypatch.setattr(run_script, "process_kind", lambda pid, root: kinds[pid])
+    stat = run_script.ProcStat
+    cpu = run_script.TreeCpu(1)
+    cpu.add({1: stat((0, 10, 0, 5.0, 0.0)), 2: stat((1, 11, 0, 100.0, 0.0)), 3: stat((1, 12, 0, 20.0, 0.0))})
+    # The JVM exits and main reaps it; then the Python child exits unreaped (reparented away): carried.
+    cpu.add({1: stat((0, 10, 0, 6.0, 100.0)), 3: stat((1, 12, 0, 20.0, 0.0))})
+    total = cpu.add({1: stat((0, 10, 0, 6.0, 100.0))})
+    assert total == 126.0
+    assert cpu.by_kind == {"main": 6.0, "jvm": 100.0, "python": 20.0}
