@@ -12,9 +12,11 @@ run`, `photon up` and `photon check` share before any component starts.
 """
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import tempfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -95,9 +97,19 @@ def instance_yaml(dagster_home: Path, run_server_socket: Path) -> str:
     return DAGSTER_YAML.format(dagster_home=json.dumps(str(dagster_home)), run_server_socket=json.dumps(str(run_server_socket)))
 
 
+# A Unix socket's path fits in sun_path's 108 bytes with its terminating NUL.
+SOCKET_PATH_MAX_BYTES = 107
+
+
 def run_server_socket(layout: DataLayout) -> Path:
-    """Where `photon up`'s run server (photon/run_server.py) listens."""
-    return layout.root / "state" / "up" / "run_server.sock"
+    """Where `photon up`'s run server (photon/run_server.py) listens: under the data directory, or,
+    for a data directory too deep for a socket's path (bind fails: "AF_UNIX path too long"), in a
+    directory of this user's under the temporary directory, named by the data directory."""
+    path = layout.root / "state" / "up" / "run_server.sock"
+    if len(os.fsencode(path)) <= SOCKET_PATH_MAX_BYTES:
+        return path
+    named = hashlib.sha256(os.fsencode(layout.root.resolve())).hexdigest()[:20]
+    return Path(tempfile.gettempdir()) / f"photon-{os.getuid()}" / f"run-server-{named}.sock"
 
 
 class RunnerError(RuntimeError):

@@ -188,11 +188,22 @@ def _warm_up() -> None:
     event_log_scripts()  # alembic's revision map, which each run's new event database is stamped from
 
 
+def private_directory(directory: Path) -> None:
+    """The socket's directory, this user's alone: whoever can connect to the socket starts runs (the
+    data directory's, or one under the shared temporary directory: photon/deployment.py,
+    run_server_socket)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner = directory.stat().st_uid
+    if owner != os.getuid():
+        raise SystemExit(f"photon: error: the run server's directory {directory} belongs to uid {owner}, not to this user")
+
+
 def serve(path: Path) -> None:
     """Forks a child per request until SIGTERM. Children are reaped by the kernel (SIGCHLD ignored);
     they stay in this process's group, so a signal to it reaches the runs too."""
     _warm_up()
     freeze_before_fork()
+    private_directory(path.parent)
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))

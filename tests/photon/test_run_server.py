@@ -14,7 +14,7 @@ from dagster._core.events import EngineEventData
 from dagster._core.launcher import WorkerStatus
 
 from photon.dagster_internals import instance_at
-from photon.run_server import ForkServerRunLauncher
+from photon.run_server import ForkServerRunLauncher, private_directory
 from photon.deployment import prepare_environment, run_server_socket
 from resources.spark.connect_server import free_port
 from resources.state.layout import DataLayout
@@ -29,6 +29,22 @@ def test_the_data_directorys_instance_launches_runs_through_the_run_server(tmp_p
     assert isinstance(launcher, ForkServerRunLauncher)
     assert launcher.socket_path == str(run_server_socket(layout))
     assert launcher.supports_check_run_worker_health
+
+
+def test_a_data_directory_too_deep_for_a_socket_gets_its_run_server_a_private_socket_elsewhere(tmp_path):
+    """A data directory under pytest's or a deep mount's path made `photon up`'s run server die on
+    bind ("AF_UNIX path too long") and photon up stop before it served."""
+    shallow, deep = DataLayout(tmp_path), DataLayout(tmp_path / ("d" * 60) / ("e" * 60))
+    assert run_server_socket(shallow).is_relative_to(tmp_path)
+    socket_path = run_server_socket(deep)
+    assert not socket_path.is_relative_to(tmp_path) and len(os.fsencode(socket_path)) <= 107
+    assert run_server_socket(DataLayout(tmp_path / ("d" * 60) / ("e" * 60))) == socket_path
+    assert run_server_socket(DataLayout(tmp_path / ("d" * 60) / ("f" * 60))) != socket_path
+    private_directory(socket_path.parent)
+    assert socket_path.parent.stat().st_mode & 0o077 == 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(socket_path))
+    socket_path.unlink()
 
 
 def test_a_run_whose_process_is_gone_is_reported_failed_to_run_monitoring(tmp_path):
