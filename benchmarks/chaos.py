@@ -41,9 +41,11 @@ scenario would dominate); `photon up` scenarios start their own, as a deployment
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -268,8 +270,6 @@ def inject(kind: str, deployment: Deployment, data_dir: Path, rng: random.Random
 
 def inject_registry_fault(kind: str, data_dir: Path, rng: random.Random) -> bool:
     """One of REGISTRY_FAULTS on the scenario's replicated registry (photon/registry_cluster.py)."""
-    import shutil
-
     n = rng.randint(1, REPLICAS)
     member, replica = find(data_dir, f"--name etcd-{n} "), find(data_dir, f"--replica replica-{n} ")
     if kind == "kill_etcd_member":
@@ -404,9 +404,22 @@ def quarantine_broken(data_dir: Path, truth: dict, datacenters: list[str]) -> li
     return broken
 
 
+@contextlib.contextmanager
+def kept_or_temporary(work_dir: Path | None):
+    """Where the scenarios' data and logs go: `work_dir`, kept after the run (a violation's data is
+    its diagnosis), or a temporary directory removed after it."""
+    if work_dir is None:
+        with tempfile.TemporaryDirectory() as work:
+            yield work
+        return
+    work_dir.mkdir(parents=True, exist_ok=True)
+    yield str(work_dir)
+
+
 def play(s: Scenario, work: Path, spark_remote: str | None) -> dict:
     """One scenario from start to verdict."""
     data_dir = work / f"chaos-{s.seed}"
+    shutil.rmtree(data_dir, ignore_errors=True)  # a replay's, in a kept --work-dir
     started = time.monotonic()
     subprocess.run([PYTHON, "-m", "photon.cli", "gen", "--data-dir", str(data_dir), *s.gen_options], cwd=REPO,
                    check=True, stdout=subprocess.DEVNULL)
@@ -495,7 +508,8 @@ def main() -> None:
     parser.add_argument("--up-every", type=int, default=3, help="scenario i runs photon up when i %% 10 < this")
     parser.add_argument("--replay", type=int, help="play the one scenario of this seed")
     parser.add_argument("--mode", choices=("run", "up"), help="with --replay: its mode")
-    parser.add_argument("--work-dir", type=Path, help="keep data and logs here (default: temporary, removed)")
+    parser.add_argument("--work-dir", type=Path,
+                        help="keep each scenario's data and log here (default: a temporary directory, removed)")
     parser.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--name", default="chaos", help="the result file's name: <date>-<name>-<commit>.json")
     parser.add_argument("--max-minutes", type=float, default=0, help="start no scenario after this long (0: no limit)")
@@ -528,10 +542,8 @@ def main() -> None:
     server, remote = shared_spark_connect() if any(s.mode == "run" for s in plan) else (None, None)
     records: list[dict] = []
     planned = {"scenarios_planned": len(plan)}
-    if args.work_dir is not None:
-        args.work_dir.mkdir(parents=True, exist_ok=True)  # tempfile needs it to exist
     try:
-        with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
+        with kept_or_temporary(args.work_dir) as work:
             for s in plan:
                 if args.max_minutes and time.monotonic() - started > args.max_minutes * 60:
                     print(f"stopping after {len(records)} scenarios: --max-minutes {args.max_minutes} reached", flush=True)

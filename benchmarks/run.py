@@ -523,14 +523,19 @@ def stop_up(measured: Measured) -> None:
 
 
 def drained(data_dir: Path, joinable: int) -> bool:
+    """Every joinable click joined, no run unfinished and no work unit awaiting its retry: a query run
+    failed by a killed registry joins nothing (its clicks join from the query tailer's memory tier), but
+    its quarantine and durable tier wait for the retry after its backoff."""
     import dagster as dg
 
     from photon.dagster_internals import instance_at
-    from photon_assets.work_unit import UNFINISHED
+    from photon_assets.work_unit import UNFINISHED, work_units_awaiting_retry
 
     if joined_rows(data_dir / "warehouse" / "joined_clicks") < joinable:
         return False
-    return instance_at(data_dir / "dagster").get_runs_count(dg.RunsFilter(statuses=[*UNFINISHED])) == 0
+    instance = instance_at(data_dir / "dagster")
+    return (instance.get_runs_count(dg.RunsFilter(statuses=[*UNFINISHED])) == 0
+            and not work_units_awaiting_retry(instance))
 
 
 def daemon_runs(data_dir: Path) -> list[dict]:

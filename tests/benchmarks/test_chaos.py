@@ -57,11 +57,12 @@ def test_runs_merge_only_on_the_product_code_checked_out_and_without_a_seed_twic
 @pytest.mark.benchmarks
 def test_two_scenarios_one_per_mode_find_nothing_lost_or_joined_twice(tmp_path):
     """Seeds drawn from the commit under test (printed): every landing tries scenarios no earlier one
-    tried, on the smallest workload, in each mode."""
+    tried, on the smallest workload, in each mode. Their data and logs stay in the test's directory."""
     results = tmp_path / "results"
     results.mkdir()
     done = subprocess.run([sys.executable, "benchmarks/chaos.py", "--scenarios", "2", "--seed-from-commit", "--small",
-                           "--up-every", "1", "--results-dir", str(results)], cwd=REPO, capture_output=True, text=True,
+                           "--up-every", "1", "--results-dir", str(results),
+                           "--work-dir", str(tmp_path / "scenarios")], cwd=REPO, capture_output=True, text=True,
                           timeout=1800)
     print(done.stdout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -189,3 +189,25 @@ def test_a_child_reaped_by_its_parent_keeps_its_own_kind_of_cpu(monkeypatch):
     total = cpu.add({1: stat((0, 10, 0, 6.0, 100.0))})
     assert total == 126.0
     assert cpu.by_kind == {"main": 6.0, "jvm": 100.0, "python": 20.0}
+
+
+def test_drained_waits_for_a_failed_work_units_retry(tmp_path):
+    """A query run failed by a killed registry left its unit's quarantine to the retry after its
+    backoff: a harness that called the deployment drained then found bad lines unquarantined."""
+    import dagster as dg
+    from dagster._core.test_utils import create_run_for_test
+
+    from photon.dagster_internals import instance_at
+    from photon_assets.jobs import INGEST_QUERIES_JOB
+    from photon_assets.work_unit import TAG_ATTEMPT, TAG_DC, TAG_STREAM, TAG_WORK_UNIT
+
+    (tmp_path / "dagster").mkdir()
+    assert run_script.drained(tmp_path, 0)
+    tags = {TAG_DC: "dc1", TAG_STREAM: "query", TAG_WORK_UNIT: "dc1.query.00000003"}
+    with instance_at(tmp_path / "dagster") as instance:
+        create_run_for_test(instance, job_name=INGEST_QUERIES_JOB, status=dg.DagsterRunStatus.FAILURE,
+                            tags={**tags, TAG_ATTEMPT: "1"})
+        assert not run_script.drained(tmp_path, 0)
+        create_run_for_test(instance, job_name=INGEST_QUERIES_JOB, status=dg.DagsterRunStatus.SUCCESS,
+                            tags={**tags, TAG_ATTEMPT: "2"})
+    assert run_script.drained(tmp_path, 0)
