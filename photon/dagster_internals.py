@@ -47,7 +47,7 @@ IN_PROCESS_RUNS = {
     },
     "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
     # A step's stdout and stderr are captured by pointing the process's file descriptors 1 and 2 at a
-    # file for the step: with runs on two threads (photon/runner.py: query_passes) each capture would
+    # file for the step: with runs on two threads (photon/runner.py: off_click_passes) each capture would
     # restore the other's file as the "original", and the process's own output went into a step's
     # log for good. Run events, logs and metadata are stored as usual.
     "compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager", "class": "NoOpComputeLogManager"},

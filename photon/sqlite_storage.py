@@ -27,7 +27,7 @@ too), and a migration only ever adds what they ask about. An idle `photon up`'s 
 its busy samples in them, four to six per sensor tick (py-spy, 2026-11-29). Dagster keeps some
 answers itself (`cached_property`), yes and no alike; these keep a yes only. The files, schema
 and migrations are Dagster's (`storage: sqlite` lays them out the same way), so an instance made by
-either opens with the other. dagster.yaml names this class (photon/runner.py: DAGSTER_YAML).
+either opens with the other. dagster.yaml names this class (photon/deployment.py: DAGSTER_YAML).
 """
 
 from __future__ import annotations

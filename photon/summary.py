@@ -18,7 +18,7 @@ def summarize(layout: DataLayout, datacenters: list[str], instance: dg.DagsterIn
     """Lines and clicks are counted over every datacenter, each log line once by its file and offset
     (replicas hold the same bytes, and each datacenter reads only its share: resources/registry/ownership.py);
     queries ingested, runs and their costs are this process's datacenters'. `clicks_pending`: as the
-    last verification counted them (photon/runner.py: pending_clicks)."""
+    last verification counted them (photon/verify.py: pending_clicks)."""
     spark = spark_session()
     tables = {name: layout.table(name) for name in TABLES}
     read = ("click_ledger", "unjoinable_clicks", "quarantined_lines")

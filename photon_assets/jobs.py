@@ -21,11 +21,11 @@ CHECK_TABLES_JOB = "check_tables"
 STREAM_JOBS = {"query": (INGEST_QUERIES_JOB, "ingest_query_logs"), "click": (JOIN_CLICKS_JOB, "join_clicks")}
 VERIFY_JOB = "verify"
 # Runs of these jobs open the embedded registry, a DuckDB file that one process at a time may hold:
-# under the daemon, dagster.yaml allows one such run at a time (see photon/runner.py). With the
+# under the daemon, dagster.yaml allows one such run at a time (photon/deployment.py: DAGSTER_YAML). With the
 # registry service (`photon up`, PHOTON_REGISTRY_ADDRESS) no run opens the file: no tag, no limit.
 REGISTRY_TAGS = {"photon/uses_registry": "true"} if registry_mode_from_env() == "embedded" else {}
 # The work units' runs are the latency path: under the daemon's queue they go before the runs kept
-# off it (aggregates, maintenance, checks), and dagster.yaml (photon/runner.py) gives them two of its
+# off it (aggregates, maintenance, checks), and dagster.yaml (photon/deployment.py: DAGSTER_YAML) gives them two of its
 # three run slots (by their `photon/work_unit` tag), the runs off the click path the third: neither
 # kind waits for the other's slot.
 WORK_UNIT_TAGS = {**REGISTRY_TAGS, "dagster/priority": "1"}

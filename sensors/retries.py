@@ -2,9 +2,10 @@
 
 The daemon never relaunches a run key that has a run, even a failed one, so attempt n+1 of a work
 unit is requested under its own key `<work unit>#<n+1>` with the same configuration (the same byte
-ranges and the same registry token). Runs killed with their process are marked failed by the
-runner (see photon/runner.py) or by Dagster's run monitoring, and then retried the same way; so are runs
-canceled because `photon up` stopped before they finished (photon/up.py). A
+ranges and the same registry token). Runs killed with their process are marked failed by the next
+`photon run` or `photon up` (photon/deployment.py: fail_orphaned_runs), by a running `photon up`
+(photon/up.py: fail_dead_runs) or by Dagster's run monitoring, and then retried the same way; so are
+runs canceled because `photon up` stopped before they finished (photon/up.py). A
 catch-up run materialized with no work unit in its config cut its unit for itself: its retry names
 that unit, read back from the work unit log.
 Which work units are in flight, awaiting a retry or failed for good is read from the instance by
