@@ -15,7 +15,7 @@ from dagster._core.launcher import WorkerStatus
 
 from photon.dagster_internals import instance_at
 from photon.run_server import ForkServerRunLauncher, private_directory
-from photon.deployment import prepare_environment, run_server_socket
+from photon.deployment import SOCKET_PATH_MAX_BYTES, prepare_environment, run_server_socket
 from resources.spark.connect_server import free_port
 from resources.state.layout import DataLayout
 
@@ -37,7 +37,7 @@ def test_a_data_directory_too_deep_for_a_socket_gets_its_run_server_a_private_so
     shallow, deep = DataLayout(tmp_path), DataLayout(tmp_path / ("d" * 60) / ("e" * 60))
     assert run_server_socket(shallow).is_relative_to(tmp_path)
     socket_path = run_server_socket(deep)
-    assert not socket_path.is_relative_to(tmp_path) and len(os.fsencode(socket_path)) <= 107
+    assert not socket_path.is_relative_to(tmp_path) and len(os.fsencode(socket_path)) <= SOCKET_PATH_MAX_BYTES
     assert run_server_socket(DataLayout(tmp_path / ("d" * 60) / ("e" * 60))) == socket_path
     assert run_server_socket(DataLayout(tmp_path / ("d" * 60) / ("f" * 60))) != socket_path
     private_directory(socket_path.parent)
